@@ -1,0 +1,169 @@
+"""Text-recognition samples from an LMDB in the field's format, opened read-only.
+
+Keys: `image-%09d` (encoded image bytes), `label-%09d` (UTF-8), 1-based, and `num-samples`.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from data.codec import CTCCodec, ctc_min_frames
+
+DROP_REASONS = ("missing label", "empty label", "characters outside the alphabet", "too long for CTC")
+
+
+def open_lmdb(root: str | Path) -> lmdb.Environment:
+    """Open an LMDB folder read-only, with a clear error when it is not one."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"LMDB folder {root} does not exist")
+    if not (root / "data.mdb").is_file():
+        raise FileNotFoundError(f"{root} holds no data.mdb: it is not an LMDB folder (see scripts/create_lmdb.py)")
+    # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
+    return lmdb.open(str(root), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
+
+
+def read_num_samples(txn: lmdb.Transaction, root: str | Path) -> int:
+    raw = txn.get(b"num-samples")
+    if raw is None:
+        raise ValueError(f"{root}: the LMDB has no 'num-samples' key; it is not in the text-recognition format")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{root}: 'num-samples' is {raw!r}, not an integer") from None
+
+
+@dataclass
+class FilterReport:
+    """What filtering kept and dropped in one LMDB, and why."""
+
+    root: str
+    total: int
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    unknown_characters: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in self.dropped.items() if count) or "none"
+        line = f"{self.root}: kept {self.kept} of {self.total}; dropped: {reasons}"
+        if self.unknown_characters:
+            common = " ".join(f"{char!r}x{n}" for char, n in self.unknown_characters.most_common(10))
+            line += f"\n  characters outside the alphabet (most common): {common}"
+        return line
+
+
+def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int) -> tuple[np.ndarray, FilterReport]:
+    """Read every label once; return the indices (1-based) of the usable samples and a report.
+
+    A label is usable when it is non-empty, every character is in the alphabet, and CTC can align it
+    to `max_frames` frames (a repeated character needs a blank between its two frames).
+    """
+    env = open_lmdb(root)
+    try:
+        with env.begin() as txn:
+            total = read_num_samples(txn, root)
+            report = FilterReport(root=str(root), total=total)
+            kept: list[int] = []
+            for index in range(1, total + 1):
+                raw = txn.get(b"label-%09d" % index)
+                reason = None
+                if raw is None:
+                    reason = "missing label"
+                else:
+                    label = codec.normalize(raw.decode("utf-8", errors="replace"))
+                    unknown = codec.unknown_characters(label)
+                    if not label:
+                        reason = "empty label"
+                    elif unknown:
+                        reason = "characters outside the alphabet"
+                        report.unknown_characters.update(char for char in label if char in unknown)
+                    elif ctc_min_frames(label) > max_frames:
+                        reason = "too long for CTC"
+                if reason:
+                    report.dropped[reason] += 1
+                else:
+                    kept.append(index)
+    finally:
+        env.close()
+    report.kept = len(kept)
+    # A numpy array, not a list of ints: forked workers then share it instead of copying it on read.
+    return np.asarray(kept, dtype=np.int64), report
+
+
+class LmdbDataset(Dataset):
+    """The usable samples of one LMDB folder, as `(image [C, H, W], label)` or None if undecodable.
+
+    The LMDB is opened lazily in each process that reads it (the main process or a data-loader
+    worker, forked or spawned): an LMDB environment must not cross a fork.
+    """
+
+    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: Callable[[bytes], Tensor]) -> None:
+        self.root = str(root)
+        self.codec = codec
+        self.transform = transform
+        self.indices, self.report = scan_labels(root, codec, max_frames)
+        self._env: lmdb.Environment | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_env"], state["_pid"] = None, None
+        return state
+
+    def _txn(self) -> lmdb.Transaction:
+        if self._env is None or self._pid != os.getpid():
+            self._env, self._pid = open_lmdb(self.root), os.getpid()
+        return self._env.begin(buffers=True)
+
+    def __getitem__(self, position: int) -> tuple[Tensor, str] | None:
+        index = int(self.indices[position])
+        with self._txn() as txn:
+            label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
+            image_bytes = txn.get(b"image-%09d" % index)
+            image_bytes = bytes(image_bytes) if image_bytes is not None else None
+        if image_bytes is None:
+            return None
+        try:
+            image = self.transform(image_bytes)
+        except Exception:  # any decoding failure: the collate function drops and counts the sample
+            return None
+        return image, self.codec.normalize(label)
+
+
+@dataclass
+class Batch:
+    images: Tensor  # [B, C, H, W]
+    labels: list[str]
+    targets: Tensor  # [sum of label lengths], class indices, as F.ctc_loss takes them
+    target_lengths: Tensor  # [B]
+    num_dropped: int  # samples of this batch whose image could not be decoded
+
+    def pin_memory(self) -> Batch:
+        self.images = self.images.pin_memory()
+        return self
+
+
+class CollateBatch:
+    """Stacks decoded samples, drops undecodable ones (never replacing them), encodes the labels."""
+
+    def __init__(self, codec: CTCCodec) -> None:
+        self.codec = codec
+
+    def __call__(self, samples: list[tuple[Tensor, str] | None]) -> Batch:
+        good = [sample for sample in samples if sample is not None]
+        labels = [label for _, label in good]
+        targets, target_lengths = self.codec.encode(labels)
+        images = torch.stack([image for image, _ in good]) if good else torch.empty(0)
+        return Batch(images, labels, targets, target_lengths, num_dropped=len(samples) - len(good))

@@ -1,0 +1,91 @@
+"""CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+# (out_channels, kernel, padding, pooling after the layer). The two (2, 1) poolings halve the height
+# but keep the width, so a 32 x 100 image becomes 26 frames: enough for words of up to ~20 characters.
+VGG_LAYERS: list[tuple[int, int, int, tuple[int, int] | None]] = [
+    (64, 3, 1, (2, 2)),
+    (128, 3, 1, (2, 2)),
+    (256, 3, 1, None),
+    (256, 3, 1, (2, 1)),
+    (512, 3, 1, None),
+    (512, 3, 1, (2, 1)),
+    (512, 2, 0, None),
+]
+
+
+def vgg_backbone(in_channels: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for out_channels, kernel, padding, pool in VGG_LAYERS:
+        # Every convolution is followed by BatchNorm (the paper has it on two): it shortens CTC's
+        # all-blank plateau at the start of training. The BN shift makes a conv bias redundant.
+        layers += [
+            nn.Conv2d(in_channels, out_channels, kernel, padding=padding, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+        ]
+        if pool == (2, 2):
+            layers.append(nn.MaxPool2d(2, 2))
+        elif pool == (2, 1):
+            layers.append(nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1)))
+        in_channels = out_channels
+    return nn.Sequential(*layers)
+
+
+class BidirectionalLSTM(nn.Module):
+    """A BiLSTM over time-first input followed by a linear projection of both directions."""
+
+    def __init__(self, input_size: int, hidden_size: int, output_size: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(input_size, hidden_size, bidirectional=True)
+        self.linear = nn.Linear(2 * hidden_size, output_size)
+
+    def forward(self, features: Tensor) -> Tensor:  # [T, B, input_size] -> [T, B, output_size]
+        hidden, _ = self.rnn(features)
+        return self.linear(hidden)
+
+
+class CRNN(nn.Module):
+    """Text-line images `[B, C, 32, W]` -> per-frame class logits `[B, T, num_classes]`.
+
+    The output is batch-first on purpose: this module is what DistributedDataParallel (or
+    DataParallel) wraps, and wrappers split and concatenate along dim 0. The time-first layout the
+    LSTM and the CTC loss want is made inside `forward` and after the wrapper, never across it.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256) -> None:
+        super().__init__()
+        self.backbone = vgg_backbone(in_channels)
+        backbone_channels = VGG_LAYERS[-1][0]
+        self.sequence = nn.Sequential(
+            BidirectionalLSTM(backbone_channels, hidden_size, hidden_size),
+            BidirectionalLSTM(hidden_size, hidden_size, num_classes),
+        )
+
+    def forward(self, images: Tensor) -> Tensor:
+        features = self.backbone(images)  # [B, 512, 1, T]
+        if features.shape[2] != 1:
+            raise ValueError(
+                f"CRNN expects images 32 pixels high, got {images.shape[2]} (feature height {features.shape[2]})"
+            )
+        features = features.squeeze(2).permute(2, 0, 1)  # [T, B, 512]
+        logits = self.sequence(features)  # [T, B, num_classes]
+        return logits.transpose(0, 1)  # [B, T, num_classes]
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def output_frames(model: nn.Module, in_channels: int, height: int, width: int) -> int:
+    """Frames T the model emits for a `height x width` image: the longest label CTC can align is T."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    frames = model(torch.zeros(1, in_channels, height, width, device=device)).shape[1]
+    model.train(was_training)
+    return frames

@@ -1,0 +1,142 @@
+"""Convert your own labelled images into an LMDB that training reads.
+
+    python scripts/create_lmdb.py --images data/words --gt data/words/gt.txt --out datasets/words/train
+    python scripts/create_lmdb.py --images ROOT --gt GT_FILE --out LMDB --check-alphabet alphabet.txt --overwrite
+
+GT_FILE is UTF-8 text, one `relative/path<TAB>label` per line, paths relative to ROOT; blank lines are
+ignored. Every image is fully decoded once to check it, then its original file bytes are stored as they
+are (no re-encoding). Lines that fail a check are skipped and reported, grouped by reason.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from PIL import Image
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
+from data.alphabet import load_alphabet  # noqa: E402
+from data.lmdb_writer import write_lmdb  # noqa: E402
+
+EXAMPLES_PER_REASON = 3
+
+
+class BadLine(Exception):
+    """A GT line that cannot become a sample: `reason` groups the report, `detail` is about this line."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[bytes, str]:
+    """The `(image_bytes, label)` a GT line names, or BadLine saying why it cannot be used."""
+    relative_path, has_tab, label = line.partition("\t")
+    if not has_tab:
+        raise BadLine("line has no tab between path and label")
+    if not label.strip():
+        raise BadLine("empty label")
+    if alphabet is not None and not set(label) <= alphabet:
+        raise BadLine("label has characters outside the alphabet", "".join(sorted(set(label) - alphabet)))
+    path = root / relative_path
+    if not path.is_file():
+        raise BadLine("image file missing")
+    image_bytes = path.read_bytes()
+    if not image_bytes:
+        raise BadLine("image file empty")
+    try:
+        # Decode the very bytes that will be stored, in full: load() is what catches truncated files.
+        with Image.open(io.BytesIO(image_bytes)) as image:
+            image.load()
+            width, height = image.size
+    except Exception as error:  # Pillow's plugins raise many types (OSError, SyntaxError, ValueError, ...)
+        raise BadLine("image cannot be decoded", f"{type(error).__name__}: {error}") from error
+    if width == 0 or height == 0:
+        raise BadLine("image has zero width or height", f"{width}x{height}")
+    return image_bytes, label
+
+
+def read_samples(
+    root: Path, gt_file: Path, alphabet: set[str] | None, skipped: dict[str, list[str]]
+) -> Iterator[tuple[bytes, str]]:
+    """Yield `(image_bytes, label)` for each good line of `gt_file`; record the others in `skipped`.
+
+    `skipped` maps a reason to its lines, as "line N: path (detail)". A generator, so images stream
+    into the LMDB instead of being held in memory.
+    """
+    # utf-8-sig: editors on Windows start files with a byte-order mark that would join the first path.
+    with open(gt_file, encoding="utf-8-sig") as lines:
+        for number, line in enumerate(lines, start=1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            try:
+                yield check_sample(root, line, alphabet)
+            except BadLine as bad:
+                relative_path = line.partition("\t")[0]
+                where = f"line {number}: {relative_path}"
+                skipped[bad.reason].append(f"{where} ({bad.detail})" if bad.detail else where)
+
+
+def report_skipped(skipped: dict[str, list[str]]) -> None:
+    for reason, examples in skipped.items():
+        print(f"skipped {len(examples)}: {reason}")
+        for example in examples[:EXAMPLES_PER_REASON]:
+            print(f"    {example}")
+        if len(examples) > EXAMPLES_PER_REASON:
+            print(f"    ... and {len(examples) - EXAMPLES_PER_REASON} more")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, required=True, help="ROOT folder the GT paths are relative to")
+    parser.add_argument("--gt", type=Path, required=True, help="GT_FILE: lines of `relative/path<TAB>label`")
+    parser.add_argument("--out", type=Path, required=True, help="LMDB folder to create")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument(
+        "--check-alphabet", metavar="SPEC", help="skip labels with characters outside this alphabet (or .txt file)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not args.gt.is_file():
+        sys.exit(f"error: --gt {args.gt} does not exist or is not a file")
+    if not args.images.is_dir():
+        sys.exit(f"error: --images {args.images} does not exist or is not a folder")
+    if args.out.exists() and not args.overwrite:
+        sys.exit(f"error: --out {args.out} already exists; remove it or pass --overwrite to replace it")
+    alphabet = None
+    if args.check_alphabet is not None:
+        try:
+            alphabet = set(load_alphabet(args.check_alphabet))
+        except (OSError, ValueError) as error:
+            sys.exit(f"error: --check-alphabet: {error}")
+
+    skipped: dict[str, list[str]] = defaultdict(list)
+    samples = read_samples(args.images, args.gt, alphabet, skipped)
+    try:
+        # Look for one good sample first: with none, --overwrite must not replace a good LMDB by an empty one.
+        first = next(samples, None)
+        if first is None:
+            report_skipped(skipped)
+            sys.exit(f"error: no valid samples in {args.gt}; nothing written to {args.out}")
+        progress = tqdm(itertools.chain([first], samples), desc="checked and written", unit="img")
+        written = write_lmdb(args.out, progress, overwrite=args.overwrite)
+    except UnicodeDecodeError as error:
+        sys.exit(f"error: --gt {args.gt} is not UTF-8 text ({error}); re-save it as UTF-8")
+    report_skipped(skipped)
+    total_skipped = sum(len(examples) for examples in skipped.values())
+    print(f"wrote {written} samples to {args.out} (skipped {total_skipped})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Evaluate a checkpoint on one or more LMDB sets and print a table:
+#   scripts/eval.sh CHECKPOINT LMDB [LMDB ...] [--json PATH] [--config CFG]
+# NPROC=N runs N processes under torchrun (default 1); the numbers are the same for any N.
+# PYTHON picks the interpreter (default: python3 on PATH, e.g. the activated .venv).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+exec "${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc_per_node="${NPROC:-1}" \
+    "$here/eval.py" "$@"

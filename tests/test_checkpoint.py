@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import argparse
+import collections
+
+import pytest
+import torch
+
+from models import build_model
+from utils.checkpoint import load_checkpoint, load_initial_weights, load_model, save_checkpoint, strip_wrapper_prefixes
+from utils.config import load_config, to_dict
+
+ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def small_config(alphabet: str = ALPHABET):
+    return load_config("crnn.yaml", ["model.hidden_size=32", f"data.alphabet={alphabet}"])
+
+
+def small_model(alphabet: str = ALPHABET) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("crnn", len(alphabet) + 1, 1, 32)
+
+
+def test_round_trip_loads_with_weights_only_and_strict(tmp_path):
+    model, config = small_model(), small_config()
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "config": to_dict(config), "alphabet": ALPHABET, "step": 3})
+    raw = torch.load(path, weights_only=True)
+    assert raw["step"] == 3 and not any(k.startswith(("module.", "_orig_mod.")) for k in raw["model"])
+    loaded, codec, loaded_config = load_model(path, "cpu")
+    assert codec.alphabet == ALPHABET and loaded_config == config and not loaded.training
+    images = torch.randn(2, 1, 32, 100)
+    model.eval()
+    torch.testing.assert_close(loaded(images), model(images))
+    assert not list(tmp_path.glob("*.tmp"))  # the temporary file was renamed into place
+
+
+def test_prefixed_bare_state_dict_loads_with_a_config(tmp_path):
+    model, config = small_model(), small_config()
+    prefixed = collections.OrderedDict(("module._orig_mod." + k, v) for k, v in model.state_dict().items())
+    path = tmp_path / "dataparallel.pth"
+    torch.save(prefixed, path)
+    with pytest.raises(ValueError, match="--config"):
+        load_model(path, "cpu")
+    loaded, _, _ = load_model(path, "cpu", config)
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+
+
+def test_strip_wrapper_prefixes():
+    state = {"module.a": 1, "_orig_mod.b": 2, "_orig_mod.module.c": 3, "d.module.e": 4}
+    assert strip_wrapper_prefixes(state) == {"a": 1, "b": 2, "c": 3, "d.module.e": 4}
+
+
+def test_checkpoint_for_another_alphabet_is_a_clear_error(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": small_model("abc").state_dict(), "config": to_dict(small_config()), "alphabet": ALPHABET})
+    with pytest.raises(ValueError, match="another alphabet or architecture"):
+        load_model(path, "cpu")
+
+
+def test_init_from_reinitialises_a_classifier_of_another_shape(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    source = small_model("abc")
+    save_checkpoint(path, {"model": source.state_dict()})
+    target = small_model(ALPHABET)
+    report = load_initial_weights(target, path)
+    assert "re-initialised (shape differs): sequence.1.linear.bias, sequence.1.linear.weight" in report
+    torch.testing.assert_close(target.backbone[0].weight, source.backbone[0].weight)
+
+
+def test_refuses_pickles_that_could_run_code(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "args": argparse.Namespace(lr=1.0)}, path)  # an object, not plain data
+    with pytest.raises(ValueError, match="refused"):
+        load_checkpoint(path)
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello")
+    with pytest.raises(ValueError, match="not a PyTorch checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"model": {"w": torch.ones(2)}, "step": 1})
+
+    class Unsaveable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(path, {"model": {}, "step": 2, "bad": Unsaveable()})
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert list(tmp_path.iterdir()) == [path]

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from data.alphabet import load_alphabet
+from data.codec import CTCCodec, ctc_min_frames
+
+
+def one_hot_logits(frames: list[int], num_classes: int, peak: float = 10.0) -> torch.Tensor:
+    logits = torch.zeros(1, len(frames), num_classes)
+    for t, cls in enumerate(frames):
+        logits[0, t, cls] = peak
+    return logits
+
+
+def test_encode_is_blank_free_and_one_based():
+    codec = CTCCodec("abc")
+    targets, lengths = codec.encode(["cab", "a"])
+    assert targets.tolist() == [3, 1, 2, 1]
+    assert lengths.tolist() == [3, 1]
+    assert codec.num_classes == 4
+
+
+def test_greedy_decode_collapses_repeats_and_drops_blanks():
+    codec = CTCCodec("abc")
+    # a a - b - b b - c  ->  "abbc": a blank separates the two b's, so both survive.
+    logits = one_hot_logits([1, 1, 0, 2, 0, 2, 2, 0, 3], codec.num_classes)
+    [(text, confidence)] = codec.decode(logits)
+    assert text == "abbc"
+    p = torch.softmax(logits[0, 0], -1).max().item()
+    assert confidence == pytest.approx(p**4)  # one factor per emitted character
+
+
+def test_decode_of_all_blanks_is_empty_with_confidence_one():
+    codec = CTCCodec("ab")
+    assert codec.decode(one_hot_logits([0, 0, 0], codec.num_classes)) == [("", 1.0)]
+
+
+def test_round_trip_through_a_perfect_alignment():
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+    codec = CTCCodec(alphabet)
+    for word in ["hello", "aa", "a", "0z9y", "mississippi"]:
+        targets, _ = codec.encode([word])
+        frames = []
+        for cls in targets.tolist():  # blank between every pair, as CTC needs for repeats
+            frames += [cls, 0]
+        assert codec.decode(one_hot_logits(frames, codec.num_classes))[0][0] == word
+
+
+def test_fold_case_lowercases_labels():
+    codec = CTCCodec("abc", fold_case=True)
+    assert codec.normalize("CaB") == "cab"
+    assert CTCCodec("abcABC").normalize("CaB") == "CaB"
+
+
+def test_ctc_min_frames_counts_repeats():
+    assert ctc_min_frames("abc") == 3
+    assert ctc_min_frames("aab") == 4
+    assert ctc_min_frames("aaa") == 5
+
+
+def test_duplicate_characters_are_an_error():
+    with pytest.raises(ValueError, match="appears twice"):
+        CTCCodec("abca")
+    with pytest.raises(ValueError, match="appears twice"):
+        load_alphabet("xyzx")
+
+
+def test_alphabet_file_with_thousands_of_characters(tmp_path):
+    characters = [chr(0x4E00 + i) for i in range(5530)] + [" "]
+    path = tmp_path / "chinese.txt"
+    path.write_text("\n".join(characters) + "\n", encoding="utf-8")
+    alphabet = load_alphabet(str(path))
+    assert len(alphabet) == 5531 and alphabet[-1] == " "
+    codec = CTCCodec(alphabet)
+    targets, _ = codec.encode([characters[5000] + characters[1]])
+    assert targets.tolist() == [5001, 2]
+
+
+def test_alphabet_file_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("a\nbc\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.txt:2"):
+        load_alphabet(str(path))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        load_alphabet(str(tmp_path / "missing.txt"))

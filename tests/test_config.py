@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+
+from utils.config import ConfigError, from_dict, load_config, to_dict, validate
+
+
+def test_bare_name_is_found_in_configs_and_defaults_are_valid():
+    config = load_config("crnn.yaml", [])
+    validate(config)
+    assert config.train.batch_size == 64
+    assert load_config("crnn", []).data.alphabet == config.data.alphabet
+
+
+def test_overrides_use_dotted_keys_and_yaml_values():
+    config = load_config("crnn.yaml", ["optim.lr=3e-4", "data.train=[datasets/a,datasets/b]",
+                                       "train.max_steps=7", "data.keep_aspect=true", "data.alphabet=0123"])
+    assert config.optim.lr == pytest.approx(3e-4)
+    assert config.data.train == ["datasets/a", "datasets/b"]
+    assert config.train.max_steps == 7 and config.data.keep_aspect is True
+    assert config.data.alphabet == "0123"  # a string option keeps the text: not the int 123
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lrr=1", "optim.lrr"),
+    ("nosuch.key=1", "nosuch"),
+    ("train.max_steps=many", "train.max_steps"),
+    ("train.batch_size=1.5", "train.batch_size"),
+    ("data.keep_aspect=maybe", "data.keep_aspect"),
+    ("device_ids=[a]", r"device_ids\[0\]"),
+    ("train=3", "section"),
+    ("no_equals_sign", "key=value"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("crnn.yaml", [override])
+
+
+def test_unknown_key_in_a_yaml_file_names_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  batch_size: 8\n  max_step: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*train.max_step"):
+        load_config(str(path), [])
+
+
+def test_validate_rejects_bad_choices():
+    config = load_config("crnn.yaml", ["train.precision=fp8"])
+    with pytest.raises(ConfigError, match="train.precision"):
+        validate(config)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("nope.yaml", [])
+
+
+def test_dict_round_trip():
+    config = load_config("crnn.yaml", ["train.max_steps=11"])
+    assert from_dict(to_dict(config)) == config

@@ -1,0 +1,85 @@
+"""The whole application as a user runs it: torchrun on 2 CPU processes (gloo), then the checkpoint
+in a fresh process, then scripts/eval.sh with 1 and 2 processes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_env
+
+TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=2",
+                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2"]
+
+
+def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def ddp_run(synth, tmp_path_factory) -> Path:
+    out_dir = tmp_path_factory.mktemp("runs") / "ddp"
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+         "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
+         f"train.out_dir={out_dir}", *TRAIN_OVERRIDES])
+    return out_dir
+
+
+def test_ddp_training_writes_checkpoints_config_and_metrics(ddp_run):
+    assert (ddp_run / "last.pt").is_file() and (ddp_run / "best.pt").is_file()
+    assert "batch_size: 8" in (ddp_run / "config.yaml").read_text()
+    records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4]  # written once, by rank 0 only
+    val = [r for r in records if "val" in r]
+    assert [r["step"] for r in val] == [2, 4] and all(r["samples"] == 33 for r in val)  # each sample once
+    checkpoint = torch.load(ddp_run / "last.pt", weights_only=True)
+    assert checkpoint["step"] == 4 and checkpoint["world_size"] == 2
+    assert {"model", "optimizer", "scheduler", "config", "alphabet"} <= checkpoint.keys()
+    assert not [key for key in checkpoint["model"] if key.startswith(("module.", "_orig_mod."))]
+
+
+def test_checkpoint_loads_in_a_fresh_cpu_process_strict_and_weights_only(ddp_run, synth):
+    code = f"""
+import torch
+from models import build_model
+checkpoint = torch.load({str(ddp_run / 'best.pt')!r}, map_location='cpu', weights_only=True)
+model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256)
+model.load_state_dict(checkpoint['model'], strict=True)
+print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
+from utils.checkpoint import load_model
+model, codec, config = load_model({str(ddp_run / 'best.pt')!r}, 'cpu')
+print(codec.alphabet)
+"""
+    output = run([sys.executable, "-c", code]).stdout.split()
+    assert output[-4:-1] == ["(1,", "26,", "37)"] and output[-1] == "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth, tmp_path):
+    results = {}
+    for nproc in (1, 2):
+        json_path = tmp_path / f"eval{nproc}.json"
+        output = run(["bash", "scripts/eval.sh", str(ddp_run / "best.pt"), str(synth / "val"), str(synth / "train"),
+                      "--json", str(json_path), "--batch-size", "5"], NPROC=str(nproc), PYTHON=sys.executable)
+        assert "combined (weighted by samples)" in output.stdout and output.stdout.count("val ") == 1
+        results[nproc] = json.loads(json_path.read_text())
+    assert results[1] == results[2]
+    sets = {row["name"]: row for row in results[1]["sets"]}
+    assert sets["val"]["samples"] == 33 and sets["train"]["samples"] == 96
+    assert results[1]["combined"]["samples"] == 129
+
+
+def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
+    out_dir = tmp_path / "resumed"
+    output = run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+                  f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", *TRAIN_OVERRIDES,
+                  "train.max_steps=6", f"train.resume={ddp_run / 'last.pt'}"])
+    assert "resumed from" in output.stdout + output.stderr
+    checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
+    assert checkpoint["step"] == 6 and checkpoint["world_size"] == 1

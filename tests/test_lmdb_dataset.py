@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import io
+import os
+
+import lmdb
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from data.codec import CTCCodec
+from data.lmdb_dataset import CollateBatch, LmdbDataset
+from data.lmdb_writer import write_lmdb
+from data.transforms import ImageTransform
+
+ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def png(width: int = 60, height: int = 20, color: int = 128) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def transform() -> ImageTransform:
+    return ImageTransform(32, 100, channels=1)
+
+
+@pytest.fixture
+def messy_lmdb(tmp_path):
+    samples = [
+        (png(), "hello"),
+        (png(), "WORLD"),               # folded to lowercase: kept
+        (png(), ""),                    # empty label
+        (png(), "héllo"),               # é is outside the alphabet
+        (png(), "a" * 14),              # 14 + 13 repeats = 27 frames > 26
+        (png(), "b" * 13),              # 13 + 12 repeats = 25 frames: fits
+        (b"not an image at all", "broken"),  # kept by the label filter, dropped when decoded
+        (png(), "x" * 26),              # 26 + 25 repeats: too long
+    ]
+    path = tmp_path / "messy"
+    write_lmdb(path, samples)
+    return path
+
+
+def test_filtering_counts_each_reason(messy_lmdb):
+    dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), max_frames=26, transform=transform())
+    report = dataset.report
+    assert report.total == 8 and report.kept == len(dataset) == 4
+    assert report.dropped == {"empty label": 1, "characters outside the alphabet": 1, "too long for CTC": 2}
+    assert report.unknown_characters == {"é": 1}
+    assert "kept 4 of 8" in report.summary() and "'é'" in report.summary()
+    labels = [dataset[i][1] if dataset[i] else None for i in range(len(dataset))]
+    assert labels == ["hello", "world", "b" * 13, None]  # the undecodable image comes back as None
+
+
+def test_undecodable_images_are_dropped_from_the_batch_and_counted(messy_lmdb):
+    dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
+    batch = CollateBatch(dataset.codec)([dataset[i] for i in range(len(dataset))])
+    assert batch.num_dropped == 1 and batch.labels == ["hello", "world", "b" * 13]
+    assert batch.images.shape == (3, 1, 32, 100)
+    assert batch.target_lengths.tolist() == [5, 5, 13] and batch.targets.numel() == 23
+
+
+def test_reading_with_two_spawned_workers(messy_lmdb):
+    dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                        collate_fn=CollateBatch(dataset.codec))
+    batches = list(loader)
+    assert [label for batch in batches for label in batch.labels] == ["hello", "world", "b" * 13]
+    assert sum(batch.num_dropped for batch in batches) == 1
+
+
+def test_dataset_is_opened_read_only(messy_lmdb):
+    before = (messy_lmdb / "data.mdb").read_bytes()
+    os.chmod(messy_lmdb / "data.mdb", 0o444)
+    dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
+    assert dataset[0][1] == "hello"
+    assert (messy_lmdb / "data.mdb").read_bytes() == before
+
+
+def test_images_are_normalised_to_minus_one_one_and_resized():
+    image = ImageTransform(32, 100, channels=1)(png(color=255))
+    assert image.shape == (1, 32, 100) and torch.allclose(image, torch.ones_like(image))
+    rgb = ImageTransform(32, 100, channels=3)(png(color=0))
+    assert rgb.shape == (3, 32, 100) and torch.allclose(rgb, -torch.ones_like(rgb))
+
+
+def test_keep_aspect_pads_on_the_right_by_repeating_the_last_column():
+    buffer = io.BytesIO()
+    image = Image.new("L", (20, 32), 0)
+    image.paste(255, (19, 0, 20, 32))  # a white last column
+    image.save(buffer, format="PNG")
+    tensor = ImageTransform(32, 100, channels=1, keep_aspect=True)(buffer.getvalue())
+    assert tensor.shape == (1, 32, 100)
+    assert tensor[0, :, 0].max() < 0 and torch.allclose(tensor[0, :, 30:], torch.ones(32, 70))
+
+
+def test_missing_folder_and_bad_lmdbs_are_named(tmp_path):
+    codec = CTCCodec(ALPHABET)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LmdbDataset(tmp_path / "nope", codec, 26, transform())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no data.mdb"):
+        LmdbDataset(tmp_path / "empty", codec, 26, transform())
+    env = lmdb.open(str(tmp_path / "nocount"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"image-000000001", png())
+    env.close()
+    with pytest.raises(ValueError, match="num-samples"):
+        LmdbDataset(tmp_path / "nocount", codec, 26, transform())
+
+
+def test_write_lmdb_refuses_to_overwrite(tmp_path):
+    write_lmdb(tmp_path / "set", [(png(), "a")])
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        write_lmdb(tmp_path / "set", [(png(), "b")])

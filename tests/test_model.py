@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import build_model, count_parameters, output_frames
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("crnn", num_classes=37, in_channels=1, hidden_size=256)
+
+
+@pytest.mark.parametrize("width, frames", [(100, 26), (64, 17), (160, 41), (256, 65)])
+def test_output_is_batch_first(model, width, frames):
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.randn(3, 1, 32, width))
+    assert logits.shape == (3, frames, 37)
+    assert output_frames(model, 1, 32, width) == frames
+
+
+def test_parameter_count_matches_the_paper_model(model):
+    assert 8.2e6 < count_parameters(model) < 8.4e6
+
+
+def test_chunks_concatenated_on_dim0_equal_the_whole_batch(model):
+    """What DataParallel/DDP do at the boundary: split on dim 0, run, concatenate on dim 0."""
+    model.eval()
+    images = torch.randn(6, 1, 32, 100)
+    with torch.no_grad():
+        whole = model(images)
+        chunks = torch.cat([model(images[:4]), model(images[4:])], dim=0)
+    torch.testing.assert_close(chunks, whole, rtol=1e-4, atol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient(model):
+    """DDP runs with find_unused_parameters=False: a parameter unused in forward would hang it."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(2, 1, 32, 100)).logsumexp(-1).sum().backward()
+    unused = [name for name, p in model.named_parameters() if p.grad is None]
+    assert unused == []
+
+
+def test_rgb_input_and_wrong_height():
+    rgb = build_model("crnn", num_classes=11, in_channels=3, hidden_size=64).eval()
+    assert rgb(torch.randn(1, 3, 32, 100)).shape == (1, 26, 11)
+    with pytest.raises(ValueError, match="32 pixels high"):
+        rgb(torch.randn(1, 3, 64, 100))
+
+
+def test_unknown_architecture_is_named():
+    with pytest.raises(ValueError, match="model.arch"):
+        build_model("resnet", 10, 1, 256)

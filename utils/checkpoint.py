@@ -1,0 +1,124 @@
+"""Checkpoints: written atomically, read with weights-only unpickling, free of wrapper prefixes.
+
+A checkpoint is a dict of tensors and plain Python values: `model` (the unwrapped state dict),
+`optimizer`, `scheduler`, `step`, `epoch`, `best_accuracy`, `config` (a plain dict), `alphabet`
+and `versions`. `torch.load(path, weights_only=True)` reads it on any device.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from data.codec import CTCCodec
+from data.alphabet import load_alphabet
+from models import build_model
+from utils.config import Config, ConfigError, from_dict
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
+
+
+def strip_wrapper_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Remove `module.` and `_orig_mod.` (in any nesting) from the keys of a state dict saved elsewhere."""
+    stripped = {}
+    for key, value in state_dict.items():
+        while key.startswith(WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        stripped[key] = value
+    return stripped
+
+
+def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
+    """Write to a temporary file in the same folder, then rename it over `path`.
+
+    The rename is atomic, so `path` always holds either the previous complete checkpoint or the new
+    one, whatever happens during the write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint (or a bare state dict, returned as `{"model": ...}`) with prefixes stripped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{path}: refused to load: it holds objects other than tensors and plain values, and unpickling"
+            f" them could run code. Re-save only its state dict. ({str(error).splitlines()[0]})"
+        ) from None
+    except Exception as error:  # torch.load raises many types on foreign or truncated files
+        raise ValueError(f"{path}: not a PyTorch checkpoint, or a truncated one ({error})") from None
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path}: expected a dict, found {type(checkpoint).__name__}")
+    if "model" not in checkpoint:
+        if not checkpoint or not all(isinstance(value, torch.Tensor) for value in checkpoint.values()):
+            raise ValueError(f"{path}: neither a checkpoint of this project (no 'model' key) nor a state dict")
+        checkpoint = {"model": checkpoint}
+    checkpoint["model"] = strip_wrapper_prefixes(checkpoint["model"])
+    return checkpoint
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", config: Config | None = None
+               ) -> tuple[nn.Module, CTCCodec, Config]:
+    """A model ready for inference on `device`, its codec and config, from one checkpoint file.
+
+    The architecture and alphabet come from the checkpoint; a bare state dict needs `config`.
+    """
+    checkpoint = load_checkpoint(path, map_location=device)
+    if "config" in checkpoint:
+        config = from_dict(checkpoint["config"])
+    elif config is None:
+        raise ConfigError(f"{path} is a bare state dict: pass --config with the model and alphabet it was trained with")
+    alphabet = checkpoint.get("alphabet") or load_alphabet(config.data.alphabet)
+    codec = CTCCodec(alphabet, config.data.fold_case)
+    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
+    try:
+        model.load_state_dict(checkpoint["model"], strict=True)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{path}: its weights do not fit a {config.model.arch} model for {codec.num_classes - 1} characters"
+            f" (another alphabet or architecture?):\n{error}"
+        ) from None
+    return model.to(device).eval(), codec, config
+
+
+def load_initial_weights(model: nn.Module, path: str | Path) -> str:
+    """Copy every tensor of `path` whose name and shape match into `model`; report what happened.
+
+    Used by `train.init_from`: a classifier for another alphabet has another shape, so it keeps its
+    fresh initialisation and the report says so.
+    """
+    source = load_checkpoint(path)["model"]
+    target = model.state_dict()
+    loaded = {key: value for key, value in source.items() if key in target and target[key].shape == value.shape}
+    reinitialised = sorted(key for key in source if key in target and key not in loaded)
+    unexpected = sorted(key for key in source if key not in target)
+    missing = sorted(key for key in target if key not in source)
+    model.load_state_dict(loaded, strict=False)
+    lines = [f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors"]
+    if reinitialised:
+        lines.append(f"  re-initialised (shape differs): {', '.join(reinitialised)}")
+    if missing:
+        lines.append(f"  missing from the checkpoint (fresh): {', '.join(missing)}")
+    if unexpected:
+        lines.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
+    return "\n".join(lines)

@@ -1,0 +1,224 @@
+"""The run's configuration: typed dataclasses with defaults, YAML files for values, dotted overrides.
+
+    python train.py --config crnn.yaml optim.lr=3e-4 data.train=[datasets/a,datasets/b]
+
+Unknown keys and values of the wrong type are errors that name the full key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = field(default_factory=lambda: ["datasets/synth/train"])  # LMDB folders
+    val: list[str] = field(default_factory=lambda: ["datasets/synth/val"])
+    # The characters the model reads: the characters themselves, or a .txt file with one per line.
+    alphabet: str = "0123456789abcdefghijklmnopqrstuvwxyz"
+    fold_case: bool = True  # lowercase labels before encoding (for a case-insensitive alphabet)
+    img_height: int = 32
+    img_width: int = 100
+    keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
+    num_workers: int = 2  # data-loader worker processes per training process
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "crnn"  # a key of models.ARCHITECTURES
+    in_channels: int = 1  # 1: grayscale, 3: RGB
+    hidden_size: int = 256
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adadelta
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 300
+    schedule: str = "cosine"  # cosine | constant (after warm-up)
+    min_lr_ratio: float = 0.05  # the cosine schedule ends at lr * min_lr_ratio
+    grad_clip: float = 5.0  # max global gradient norm; 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64  # global: across all processes; each takes batch_size / world_size
+    max_steps: int = 3000  # optimizer steps
+    eval_every: int = 500
+    log_every: int = 50
+    eval_batch_size: int = 128  # global, like batch_size
+    out_dir: str = "runs/crnn"
+    seed: int = 0
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
+    channels_last: bool = True
+    threads: int = 0  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
+    resume: str = ""  # a checkpoint to continue from (model, optimizer, scheduler, step)
+    init_from: str = ""  # a checkpoint whose weights start this run (its optimizer is not used)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # Physical GPU of each local rank on a shared server (local rank i uses device_ids[i]);
+    # empty: local rank i uses cuda:i. CUDA_VISIBLE_DEVICES does the same from outside.
+    device_ids: list[int] = field(default_factory=list)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def resolve_config_path(name: str) -> Path:
+    """A path as given, or a bare name (`crnn.yaml`, `crnn`) looked up in configs/."""
+    for candidate in (Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"config file {name!r} not found (looked in the current folder and in {CONFIG_DIR})")
+
+
+def load_config(path: str | None, overrides: list[str]) -> Config:
+    """Defaults, then the YAML file's values, then `key=value` overrides (values parsed as YAML)."""
+    config = Config()
+    if path:
+        config_path = resolve_config_path(path)
+        try:
+            values = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{config_path}: not valid YAML: {error}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{config_path}: expected a mapping of sections at the top level")
+        apply_values(config, values, prefix="", source=str(config_path))
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r}: expected key=value, e.g. optim.lr=3e-4")
+        set_value(config, key.strip(), text, source="command line")
+    return config
+
+
+def apply_values(node: Any, values: dict, prefix: str, source: str) -> None:
+    for key, value in values.items():
+        full_key = f"{prefix}{key}"
+        names = {f.name: f for f in dataclasses.fields(node)}
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key {full_key!r}; known keys here: {', '.join(names)}")
+        current = getattr(node, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {full_key!r} is a section; give it a mapping of keys")
+            apply_values(current, value, prefix=f"{full_key}.", source=source)
+        else:
+            setattr(node, key, coerce(value, field_type(node, key), full_key, source))
+
+
+def set_value(config: Config, dotted_key: str, text: str, source: str) -> None:
+    *path, last = dotted_key.split(".")
+    node: Any = config
+    for depth, name in enumerate(path):
+        if not dataclasses.is_dataclass(node) or not hasattr(node, name):
+            raise ConfigError(f"{source}: unknown key {'.'.join(path[: depth + 1])!r}")
+        node = getattr(node, name)
+    if not dataclasses.is_dataclass(node) or last not in {f.name for f in dataclasses.fields(node)}:
+        raise ConfigError(f"{source}: unknown key {dotted_key!r}")
+    if dataclasses.is_dataclass(getattr(node, last)):
+        raise ConfigError(f"{source}: {dotted_key!r} is a section; set its keys one by one")
+    expected = field_type(node, last)
+    # A string option takes the text as typed: YAML would turn `data.alphabet=0123` into the int 123.
+    value = text if expected is str else parse_yaml_value(text, dotted_key, source)
+    setattr(node, last, coerce(value, expected, dotted_key, source))
+
+
+def parse_yaml_value(text: str, key: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"{source}: cannot parse the value of {key!r}: {text!r}") from None
+
+
+def field_type(node: Any, name: str) -> Any:
+    return typing.get_type_hints(type(node))[name]
+
+
+def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
+    def wrong(what: str) -> ConfigError:
+        return ConfigError(f"{source}: {key!r} must be {what}, got {value!r}")
+
+    if typing.get_origin(expected) is list:
+        (item_type,) = typing.get_args(expected)
+        items = value if isinstance(value, list) else [value]  # a single value is a one-item list
+        return [coerce(item, item_type, f"{key}[{i}]", source) for i, item in enumerate(items)]
+    if expected is bool:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("an integer")
+        return value
+    if expected is float:
+        # YAML 1.1 reads `1e-3` (no dot) as a string; accept any text that is a number.
+        if isinstance(value, bool):
+            raise wrong("a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise wrong("a number") from None
+    if expected is str:
+        if not isinstance(value, str):
+            raise wrong("a string (quote it in YAML)")
+        return value
+    raise TypeError(f"unsupported config type for {key}: {expected}")
+
+
+def validate(config: Config) -> None:
+    """Checks that need no files and no processes: wrong choices fail before anything starts."""
+    choices = {
+        "optim.name": (config.optim.name, ("adam", "adadelta")),
+        "optim.schedule": (config.optim.schedule, ("cosine", "constant")),
+        "train.precision": (config.train.precision, ("auto", "fp32", "bf16", "fp16")),
+        "model.in_channels": (config.model.in_channels, (1, 3)),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+    positive = {
+        "train.batch_size": config.train.batch_size,
+        "train.max_steps": config.train.max_steps,
+        "train.eval_every": config.train.eval_every,
+        "train.log_every": config.train.log_every,
+        "train.eval_batch_size": config.train.eval_batch_size,
+        "data.img_width": config.data.img_width,
+        "optim.lr": config.optim.lr,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if config.data.num_workers < 0:
+        raise ConfigError(f"data.num_workers must be 0 or more, got {config.data.num_workers}")
+    if not config.data.train:
+        raise ConfigError("data.train is empty: list at least one LMDB folder")
+    if config.train.resume and config.train.init_from:
+        raise ConfigError("train.resume and train.init_from are both set: resume continues a run, init_from starts one")
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def from_dict(values: dict) -> Config:
+    """Rebuild a Config from a checkpoint's plain dict (keys a newer version added keep defaults)."""
+    config = Config()
+    apply_values(config, values, prefix="", source="checkpoint config")
+    return config

@@ -1,0 +1,121 @@
+"""Distributed setup from torchrun's environment, with one process as the same code path.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE (and LOCAL_WORLD_SIZE); without them this is a single
+process and no process group is created.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import Sampler
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def read_env() -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size) from torchrun's variables, or one process."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return rank, local_rank, world_size, local_world_size
+
+
+def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -> torch.device:
+    """The device of this process: decided here once, from CUDA's presence and `device_ids`."""
+    if not torch.cuda.is_available():
+        if device_ids:
+            raise ValueError(f"device_ids={device_ids} is set but CUDA is not available; set device_ids=[] to run on the CPU")
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if device_ids:
+        if len(device_ids) < local_world_size:
+            raise ValueError(
+                f"device_ids={device_ids} lists {len(device_ids)} GPUs for {local_world_size} processes on this node;"
+                " list one GPU per process (--nproc_per_node)"
+            )
+        missing = [i for i in device_ids if not 0 <= i < count]
+        if missing:
+            raise ValueError(f"device_ids={device_ids}: GPU(s) {missing} do not exist; this node has {count} (0..{count - 1})")
+        return torch.device("cuda", device_ids[local_rank])
+    if local_rank >= count:
+        raise ValueError(f"local rank {local_rank} needs GPU {local_rank} but this node has {count}; lower --nproc_per_node")
+    return torch.device("cuda", local_rank)
+
+
+def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
+    """Bind this process to its device, set its CPU threads, then join the process group."""
+    rank, local_rank, world_size, local_world_size = read_env()
+    device = pick_device(local_rank, local_world_size, device_ids)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init_process_group, so NCCL uses this GPU
+    torch.set_num_threads(threads_per_process(threads, local_world_size))
+    if world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def threads_per_process(requested: int, local_world_size: int) -> int:
+    # Processes on one node share its cores; oversubscribing them slows every step several-fold.
+    if requested > 0:
+        return requested
+    if "OMP_NUM_THREADS" in os.environ:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // local_world_size)
+
+
+def cleanup_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum a tensor over all processes (a no-op in one process); returned on the tensor's device."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    # NCCL reduces CUDA tensors only; gloo takes CPU tensors.
+    on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor
+    dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
+    return on_wire.to(tensor.device)
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class ShardSampler(Sampler[int]):
+    """Indices rank, rank + world, ... : every sample in exactly one shard, none padded or repeated.
+
+    DistributedSampler pads the last shard with repeats so all ranks get equal counts; that is fine
+    for training and wrong for evaluation, where each sample must count once.
+    """
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.length, self.rank, self.world_size = length, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
