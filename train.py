@@ -247,4 +247,8 @@ def train(config: Config, env: DistEnv) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        # Bad input, not a bug: the message names the file, key or option; a traceback would bury it.
+        sys.exit(f"error: {error}")

@@ -19,7 +19,7 @@ from data.lmdb_dataset import LmdbDataset  # noqa: E402
 from data.transforms import ImageTransform  # noqa: E402
 from models import output_frames  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
-from utils.config import load_config  # noqa: E402
+from utils.config import ConfigError, load_config  # noqa: E402
 from utils.distributed import cleanup_distributed, setup_distributed  # noqa: E402
 from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
 from utils.metrics import COUNT_KEYS, summarize  # noqa: E402
@@ -84,4 +84,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")

@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 from PIL import Image
+
+from tests.conftest import read_lmdb
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "create_lmdb.py"
 
@@ -15,15 +16,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "create_lmdb.py"
 def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # cwd elsewhere than the repository: the script must find its own imports.
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    with env.begin() as txn:
-        count = int(txn.get(b"num-samples"))
-        samples = [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
-    env.close()
-    return samples
 
 
 def save_image(path: Path, image_format: str, color: str) -> bytes:

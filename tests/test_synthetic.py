@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 import pytest
 from PIL import Image
+
+from tests.conftest import read_lmdb
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -20,15 +21,6 @@ def generate(out: Path, seed: int, workers: int) -> None:
     # cwd elsewhere than the repository: the script must find its own imports.
     result = subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-
-
-def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    with env.begin() as txn:
-        count = int(txn.get(b"num-samples"))
-        samples = [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
-    env.close()
-    return samples
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_env
+from utils.distributed import ShardSampler, pick_device, threads_per_process
+
+
+@pytest.mark.parametrize("length, world_size", [(33, 2), (10, 3), (2, 4), (0, 2)])
+def test_shards_cover_every_sample_exactly_once(length, world_size):
+    shards = [list(ShardSampler(length, rank, world_size)) for rank in range(world_size)]
+    assert sorted(i for shard in shards for i in shard) == list(range(length))
+    assert [len(ShardSampler(length, rank, world_size)) for rank in range(world_size)] == [len(s) for s in shards]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's answer")
+def test_device_ids_without_cuda_is_a_clear_error():
+    assert pick_device(0, 1, []) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"device_ids=\[1\].*CUDA is not available"):
+        pick_device(0, 1, [1])
+
+
+def test_threads_split_the_cores_between_local_processes(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert threads_per_process(0, 4) == 2 and threads_per_process(3, 4) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads_per_process(0, 1) == 1
+
+
+def test_global_batch_must_divide_by_the_world_size(synth):
+    """Fails on every rank before any process group exists (WORLD_SIZE as torchrun would set it)."""
+    env = {**run_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}
+    result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", "train.batch_size=64"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "train.batch_size=64" in result.stderr and "3 processes" in result.stderr
