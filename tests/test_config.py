@@ -8,7 +8,7 @@ from utils.config import ConfigError, from_dict, load_config, to_dict, validate
 def test_bare_name_is_found_in_configs_and_defaults_are_valid():
     config = load_config("crnn.yaml", [])
     validate(config)
-    assert config.train.batch_size == 64
+    assert config.train.batch_size == 32
     assert load_config("crnn", []).data.alphabet == config.data.alphabet
 
 

@@ -43,7 +43,7 @@ class OptimConfig:
     name: str = "adam"  # adam | adadelta
     lr: float = 1e-3
     weight_decay: float = 0.0
-    warmup_steps: int = 300
+    warmup_steps: int = 100
     schedule: str = "cosine"  # cosine | constant (after warm-up)
     min_lr_ratio: float = 0.05  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 5.0  # max global gradient norm; 0 disables clipping
@@ -51,9 +51,9 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 64  # global: across all processes; each takes batch_size / world_size
-    max_steps: int = 3000  # optimizer steps
-    eval_every: int = 500
+    batch_size: int = 32  # global: across all processes; each takes batch_size / world_size
+    max_steps: int = 1000  # optimizer steps
+    eval_every: int = 250
     log_every: int = 50
     eval_batch_size: int = 128  # global, like batch_size
     out_dir: str = "runs/crnn"
