@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -31,8 +30,10 @@ from data.transforms import ImageTransform
 from models import build_model, count_parameters, output_frames
 from utils.checkpoint import load_checkpoint, load_initial_weights, save_checkpoint
 from utils.config import Config, ConfigError, load_config, to_dict, validate
-from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
+from utils.distributed import (DistEnv, all_reduce_sum, broadcast_buffers, cleanup_distributed, read_env,
+                               setup_distributed)
 from utils.evaluate import build_eval_loader, evaluate
+from utils.losses import ctc_losses
 from utils.metrics import summarize
 from utils.precision import autocast, resolve_precision
 from utils.run_log import RunLog
@@ -80,22 +81,23 @@ def build_optimizer(config: Config, model: nn.Module) -> tuple[torch.optim.Optim
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
-def ctc_loss(logits: torch.Tensor, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean per-sample CTC loss of `[B, T, C]` logits, and how many samples had an infinite loss.
-
-    The loss runs in fp32 whatever the autocast precision: CTC sums probabilities over many
-    alignments, and bf16/fp16 lose them. Time-first is made here, after the parallel boundary.
-    """
-    log_probs = logits.float().log_softmax(2).transpose(0, 1)  # [T, B, C]
-    frames, batch_size = log_probs.shape[:2]
-    input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
-    targets = batch.targets.to(device, non_blocking=True)
-    target_lengths = batch.target_lengths.to(device, non_blocking=True)
-    losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True)
-    with torch.no_grad():
-        # zero_infinity hides infinite losses (and their NaN gradients); count them from a plain pass.
-        infinite = torch.isinf(F.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction="none")).sum()
-    return losses.sum() / batch_size, infinite
+def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+               grad_clip: float, device: torch.device, precision: str, memory_format: torch.memory_format
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step; returns the loss and the count of infinite losses, left on the device."""
+    images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
+    with autocast(device, precision):
+        logits = model(images)  # [B, T, C]
+    losses, infinite = ctc_losses(logits, batch, device)
+    loss = losses.mean()
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss, infinite
 
 
 def main() -> None:
@@ -189,17 +191,8 @@ def train(config: Config, env: DistEnv) -> None:
     while step < config.train.max_steps:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         for batch in train_loader:
-            images = batch.images.to(env.device, non_blocking=True, memory_format=memory_format)
-            with autocast(env.device, precision):
-                logits = model(images)  # [B, T, C]
-            loss, infinite = ctc_loss(logits, batch, env.device)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if config.optim.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
+            loss, infinite = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device,
+                                        precision, memory_format)
             scheduler.step()
             step += 1
             window_steps += 1
@@ -223,6 +216,7 @@ def train(config: Config, env: DistEnv) -> None:
                 log.advance()
 
             if step % config.train.eval_every == 0 or step == config.train.max_steps:
+                broadcast_buffers(unwrapped)  # evaluate, on every rank, the model rank 0 saves
                 results = {}
                 for dataset, loader in zip(val_sets, val_loaders):
                     counts = evaluate(unwrapped, loader, codec, env, precision, config.train.channels_last)

@@ -13,7 +13,7 @@ import torch
 from tests.conftest import REPO, run_env
 
 TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=2",
-                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2"]
+                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32"]
 
 
 def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def test_ddp_training_writes_checkpoints_config_and_metrics(ddp_run):
     assert (ddp_run / "last.pt").is_file() and (ddp_run / "best.pt").is_file()
     assert "batch_size: 8" in (ddp_run / "config.yaml").read_text()
     records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [2, 4]  # written once, by rank 0 only
+    assert [r["step"] for r in records if "val" not in r] == [2, 4]  # written once, by rank 0 only
     val = [r for r in records if "val" in r]
     assert [r["step"] for r in val] == [2, 4] and all(r["samples"] == 33 for r in val)  # each sample once
     checkpoint = torch.load(ddp_run / "last.pt", weights_only=True)
@@ -69,10 +69,28 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
                       "--json", str(json_path), "--batch-size", "5"], NPROC=str(nproc), PYTHON=sys.executable)
         assert "combined (weighted by samples)" in output.stdout and output.stdout.count("val ") == 1
         results[nproc] = json.loads(json_path.read_text())
+    noisy = {}  # confidences and losses carry float noise in their last digits; the rest is exact
+    for nproc, result in results.items():
+        noisy[nproc] = [row.pop(key) for row in [*result["sets"], result["combined"]] for key in ("mean_confidence", "loss")]
+    assert noisy[1] == pytest.approx(noisy[2], rel=1e-5)
     assert results[1] == results[2]
     sets = {row["name"]: row for row in results[1]["sets"]}
     assert sets["val"]["samples"] == 33 and sets["train"]["samples"] == 96
     assert results[1]["combined"]["samples"] == 129
+
+
+def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_path):
+    """Both ranks evaluate with rank 0's BatchNorm statistics, i.e. the model in last.pt."""
+    json_path = tmp_path / "last.json"
+    run(["bash", "scripts/eval.sh", str(ddp_run / "last.pt"), str(synth / "val"), "--json", str(json_path)],
+        PYTHON=sys.executable)
+    [offline] = json.loads(json_path.read_text())["sets"]
+    records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
+    during = [r for r in records if "val" in r][-1]
+    for key in ("samples", "accuracy", "cer", "one_minus_ned"):
+        assert during[key] == offline[key], key
+    # The sensitive one: a rank evaluating with its own last batch's statistics moves the loss.
+    assert during["loss"] == pytest.approx(offline["loss"], rel=1e-5)
 
 
 def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):

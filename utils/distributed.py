@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import Sampler
 
 
@@ -97,6 +97,18 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor
     dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
     return on_wire.to(tensor.device)
+
+
+def broadcast_buffers(module: nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank.
+
+    DDP broadcasts them at the start of each forward, so after the last training step every rank
+    holds the statistics of its own last batch. Evaluating then would score each shard with a
+    slightly different model, and not the one rank 0 saves.
+    """
+    if dist.is_available() and dist.is_initialized():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def barrier() -> None:

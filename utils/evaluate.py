@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
+from utils.losses import ctc_losses
 from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from utils.precision import autocast
@@ -45,8 +46,9 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
         images = batch.images.to(env.device, non_blocking=True, memory_format=memory_format)
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
-        predictions = [text for text, _ in codec.decode(logits)]
-        update_counts(counts, predictions, batch.labels)
+        predictions, confidences = zip(*codec.decode(logits))
+        losses, _ = ctc_losses(logits, batch, env.device)
+        update_counts(counts, list(predictions), batch.labels, list(confidences), losses.tolist())
     model.train(was_training)
     totals = counts_to_tensor(counts)
     totals = all_reduce_sum(torch.cat([totals, torch.tensor([dropped])]))

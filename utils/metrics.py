@@ -9,15 +9,19 @@ from torch import Tensor
 # on the order of addition, so the result is identical for any number of processes or batch size.
 NED_SCALE = 10**9
 
-COUNT_KEYS = ("samples", "correct", "correct_ignore_case", "edit_distance", "label_chars", "ned_fixed")
+COUNT_KEYS = ("samples", "correct", "correct_ignore_case", "edit_distance", "label_chars", "ned_fixed",
+              "confidence_fixed", "loss_fixed")
 
 
 def new_counts() -> dict[str, int]:
     return dict.fromkeys(COUNT_KEYS, 0)
 
 
-def update_counts(counts: dict[str, int], predictions: list[str], labels: list[str]) -> None:
-    for prediction, label in zip(predictions, labels, strict=True):
+def update_counts(counts: dict[str, int], predictions: list[str], labels: list[str],
+                  confidences: list[float] | None = None, losses: list[float] | None = None) -> None:
+    confidences = confidences or [1.0] * len(predictions)
+    losses = losses or [0.0] * len(predictions)
+    for prediction, label, confidence, loss in zip(predictions, labels, confidences, losses, strict=True):
         distance = editdistance.eval(prediction, label)
         counts["samples"] += 1
         counts["correct"] += prediction == label
@@ -27,6 +31,8 @@ def update_counts(counts: dict[str, int], predictions: list[str], labels: list[s
         # 1 - normalised edit distance (ICDAR 2019): distance over the longer of the two strings.
         longer = max(len(prediction), len(label))
         counts["ned_fixed"] += round(NED_SCALE * (1 - distance / longer)) if longer else NED_SCALE
+        counts["confidence_fixed"] += round(NED_SCALE * confidence)
+        counts["loss_fixed"] += round(NED_SCALE * loss)
 
 
 def counts_to_tensor(counts: dict[str, int]) -> Tensor:
@@ -46,4 +52,8 @@ def summarize(counts: dict[str, int]) -> dict[str, float | int]:
         "accuracy_ignore_case": counts["correct_ignore_case"] / samples if samples else 0.0,
         "cer": counts["edit_distance"] / counts["label_chars"] if counts["label_chars"] else 0.0,
         "one_minus_ned": counts["ned_fixed"] / NED_SCALE / samples if samples else 0.0,
+        # Float noise (batch composition, thread count) moves confidences and losses in their last
+        # digits, so these two can differ there between runs with other batch sizes or process counts.
+        "mean_confidence": counts["confidence_fixed"] / NED_SCALE / samples if samples else 0.0,
+        "loss": counts["loss_fixed"] / NED_SCALE / samples if samples else 0.0,
     }

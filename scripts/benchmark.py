@@ -1,0 +1,230 @@
+"""Measure how fast a config trains, loads data and evaluates; print a table and write JSON.
+
+    python scripts/benchmark.py --config crnn.yaml                                  # one process
+    python scripts/benchmark.py --config crnn.yaml train.batch_size=64 train.channels_last=false
+    torchrun --standalone --nproc_per_node=2 scripts/benchmark.py --config crnn.yaml   # per process + total
+
+Measured in one run, each after warm-up steps that are not timed:
+- train loop: the real data loader and training step (forward, fp32 CTC loss, backward, clipping,
+  optimizer step; DDP when launched with torchrun), images/s;
+- compute floor: the same step on one batch already in memory, so the loop's fraction of it is what
+  data loading, host work and DDP cost;
+- data loading alone: decode + transform + collate from the LMDB with the configured workers;
+- evaluation: `utils.evaluate.evaluate` over the first validation LMDB;
+- FLOPs per image (torch.utils.flop_counter), the device's dense matmul rate in the same precision,
+  and peak memory (RSS; CUDA max allocated on a GPU).
+Speed depends on everything else running on the machine: measure on an idle one.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
+from data.alphabet import load_alphabet  # noqa: E402
+from data.codec import CTCCodec  # noqa: E402
+from data.lmdb_dataset import LmdbDataset  # noqa: E402
+from data.transforms import ImageTransform  # noqa: E402
+from models import build_model, output_frames  # noqa: E402
+from train import build_optimizer, build_train_loader, train_step  # noqa: E402
+from utils.losses import ctc_losses  # noqa: E402
+from utils.config import ConfigError, load_config, validate  # noqa: E402
+from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed  # noqa: E402
+from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
+from utils.precision import autocast, resolve_precision  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.precision=bf16")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before each measurement")
+    parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"), help="where to write the results")
+    return parser.parse_args()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(device: torch.device, precision: str) -> float:
+    """Dense matmul rate in the run's precision: the ceiling the convolutions and LSTMs work under."""
+    size = 4096 if device.type == "cuda" else 1024
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    with autocast(device, precision):
+        for _ in range(3):
+            a @ b
+        synchronize(device)
+        repeats = 50 if device.type == "cuda" else 10
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        synchronize(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch, device: torch.device) -> tuple[float, float]:
+    """(forward, training step) FLOPs per image. oneDNN's fused LSTM is invisible to the counter,
+    so it is switched off while counting."""
+    counter = FlopCounterMode(display=False)
+    with torch.backends.mkldnn.flags(enabled=False), counter:
+        logits = model(images)
+    forward = counter.get_total_flops()
+    counter = FlopCounterMode(display=False)
+    with torch.backends.mkldnn.flags(enabled=False), counter:
+        losses, _ = ctc_losses(model(images), batch, device)
+        losses.mean().backward()
+    model.zero_grad(set_to_none=True)
+    del logits
+    return forward / len(images), counter.get_total_flops() / len(images)
+
+
+def timed_images_per_second(run_step, steps: int, warmup: int, device: torch.device) -> float:
+    """Images/s of `run_step()` (which returns its batch size) over `steps` calls after `warmup`."""
+    for _ in range(warmup):
+        run_step()
+    synchronize(device)
+    start, images = time.perf_counter(), 0
+    for _ in range(steps):
+        images += run_step()
+    synchronize(device)
+    return images / (time.perf_counter() - start)
+
+
+def main() -> None:
+    args = parse_args()
+    config = load_config(args.config, args.overrides)
+    validate(config)
+    _, _, world_size, _ = read_env()
+    if config.train.batch_size % world_size:
+        raise ConfigError(f"train.batch_size={config.train.batch_size} must divide by the {world_size} processes")
+    env = setup_distributed(config.device_ids, config.train.threads)
+    try:
+        results = benchmark(config, env, args.steps, args.warmup)
+        if env.is_main:
+            report(results, args.json)
+    finally:
+        cleanup_distributed()
+
+
+def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
+    torch.manual_seed(config.train.seed)
+    codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
+    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
+    frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
+    transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels, config.data.keep_aspect)
+    train_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.train]
+    loader, sampler = build_train_loader(config, codec, train_sets, env)
+    precision = resolve_precision(config.train.precision, env.device)
+    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
+    model.to(env.device, memory_format=memory_format)
+    optimizer, scheduler = build_optimizer(config, model)
+    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
+    unwrapped = model
+    if env.distributed:
+        model = DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
+                                        gradient_as_bucket_view=True)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+
+    batches = itertools.cycle(loader)  # the loader's workers stay up across the measurements
+    first = next(batches)
+    images_in_memory = first.images.to(env.device, memory_format=memory_format)
+    forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)
+
+    def step_on(batch) -> int:
+        loss, _ = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format)
+        scheduler.step()
+        return len(batch.labels)
+
+    def load_only() -> int:
+        return len(next(batches).labels)
+
+    per_process = {
+        "train_loop": timed_images_per_second(lambda: step_on(next(batches)), steps, warmup, env.device),
+        "compute_floor": timed_images_per_second(lambda: step_on(first), steps, warmup, env.device),
+        "data_loading": timed_images_per_second(load_only, steps * 4, warmup, env.device),
+    }
+    if config.data.val:
+        val_set = LmdbDataset(config.data.val[0], codec, frames, transform)
+        val_loader = build_eval_loader(val_set, codec, config.train.eval_batch_size // env.world_size,
+                                       config.data.num_workers, env)
+        evaluate(unwrapped, val_loader, codec, env, precision, config.train.channels_last)  # warm-up: workers, caches
+        start = time.perf_counter()
+        counts = evaluate(unwrapped, val_loader, codec, env, precision, config.train.channels_last)
+        # evaluate() already summed the samples over processes: this is the total rate.
+        eval_total = counts["samples"] / (time.perf_counter() - start)
+    else:
+        eval_total = 0.0
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
+    totals = all_reduce_sum(torch.tensor([per_process["train_loop"], per_process["compute_floor"],
+                                          per_process["data_loading"]], dtype=torch.float64))
+    loop_total, floor_total, data_total = totals.tolist()
+    return {
+        "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
+        "processes": env.world_size,
+        "threads_per_process": torch.get_num_threads(),
+        "precision": precision,
+        "channels_last": config.train.channels_last,
+        "global_batch": config.train.batch_size,
+        "image_size": [config.data.img_height, config.data.img_width],
+        "train_images_per_s": {"per_process_rank0": per_process["train_loop"], "total": loop_total},
+        "compute_floor_images_per_s": {"per_process_rank0": per_process["compute_floor"], "total": floor_total},
+        "loop_fraction_of_floor": loop_total / floor_total,
+        "data_loading_images_per_s": {"per_process_rank0": per_process["data_loading"], "total": data_total},
+        "data_to_train_ratio": data_total / loop_total,
+        "eval_images_per_s": eval_total,
+        "forward_gflops_per_image": forward_flops / 1e9,
+        "train_step_gflops_per_image": train_flops / 1e9,
+        "effective_train_gflops_per_s": loop_total * train_flops / 1e9,
+        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+        "peak_rss_mib_rank0": peak_rss_mib,
+        "cuda_max_allocated_mib_rank0": cuda_peak_mib,
+        "torch": str(torch.__version__),
+    }
+
+
+def report(results: dict, json_path: Path) -> None:
+    rows = [
+        ("device", f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} thread(s)"),
+        ("precision / channels_last", f"{results['precision']} / {results['channels_last']}"),
+        ("global batch, image", f"{results['global_batch']}, {results['image_size'][0]}x{results['image_size'][1]}"),
+        ("train loop, images/s", f"{results['train_images_per_s']['total']:.1f}"),
+        ("compute floor, images/s", f"{results['compute_floor_images_per_s']['total']:.1f}"),
+        ("loop / floor", f"{100 * results['loop_fraction_of_floor']:.1f} %"),
+        ("data loading, images/s", f"{results['data_loading_images_per_s']['total']:.0f} "
+                                   f"({results['data_to_train_ratio']:.1f}x the train loop)"),
+        ("evaluation, images/s", f"{results['eval_images_per_s']:.1f}"),
+        ("GFLOP per image: forward / train step", f"{results['forward_gflops_per_image']:.2f} / "
+                                                  f"{results['train_step_gflops_per_image']:.2f}"),
+        ("effective train GFLOP/s", f"{results['effective_train_gflops_per_s']:.1f}"),
+        ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
+        ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
+    ]
+    if results["cuda_max_allocated_mib_rank0"]:
+        rows.append(("CUDA max allocated, rank 0", f"{results['cuda_max_allocated_mib_rank0']:.0f} MiB"))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {json_path}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")

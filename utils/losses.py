@@ -1,0 +1,27 @@
+"""The CTC loss, computed outside the model and after the parallel boundary."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from data.lmdb_dataset import Batch
+
+
+def ctc_losses(logits: Tensor, batch: Batch, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Per-sample CTC losses `[B]` of `[B, T, C]` logits, and how many of them were infinite.
+
+    The loss runs in fp32 whatever the autocast precision: CTC sums probabilities over many
+    alignments, and bf16/fp16 lose them. Time-first is made here, after the parallel boundary.
+    Infinite losses (a label that cannot be aligned) are zeroed, with their NaN gradients.
+    """
+    log_probs = logits.float().log_softmax(2).transpose(0, 1)  # [T, B, C]
+    frames, batch_size = log_probs.shape[:2]
+    input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
+    targets = batch.targets.to(device, non_blocking=True)
+    target_lengths = batch.target_lengths.to(device, non_blocking=True)
+    losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True)
+    with torch.no_grad():
+        # zero_infinity hides infinite losses; count them from a pass without it (no backward).
+        infinite = torch.isinf(F.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction="none")).sum()
+    return losses, infinite
