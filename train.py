@@ -54,7 +54,7 @@ def build_train_loader(config: Config, codec: CTCCodec, datasets: list[LmdbDatas
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
                                  seed=config.train.seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=per_process, sampler=sampler, drop_last=True,
-                        num_workers=config.data.num_workers, collate_fn=CollateBatch(codec),
+                        num_workers=config.data.num_workers, collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
                         pin_memory=env.device.type == "cuda", persistent_workers=config.data.num_workers > 0)
     if len(loader) == 0:
         raise ValueError(f"data.train has {len(dataset)} usable samples: fewer than one global batch of "
@@ -89,7 +89,7 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     with autocast(device, precision):
         logits = model(images)  # [B, T, C]
     losses, infinite = ctc_losses(logits, batch, device)
-    loss = losses.mean()
+    loss = losses.sum() / max(len(losses), 1)  # not mean(): a batch emptied by undecodable images gives 0
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     if grad_clip > 0:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,35 @@ def open_lmdb(root: str | Path) -> lmdb.Environment:
         raise FileNotFoundError(f"{root} holds no data.mdb: it is not an LMDB folder (see scripts/create_lmdb.py)")
     # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
     return lmdb.open(str(root), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
+
+
+# py-lmdb allows one open environment per file per process, and the same LMDB may back several
+# datasets (train and val, or listed twice). Keyed by process id: an environment must not cross a fork.
+_ENVIRONMENTS: dict[tuple[int, str], lmdb.Environment] = {}
+
+
+def shared_lmdb(root: str | Path) -> lmdb.Environment:
+    """This process's read-only environment for `root`, opened on first use and kept open."""
+    key = (os.getpid(), os.path.realpath(root))
+    if key not in _ENVIRONMENTS:
+        _ENVIRONMENTS[key] = open_lmdb(root)
+    return _ENVIRONMENTS[key]
+
+
+@contextmanager
+def lmdb_for_scan(root: str | Path) -> Iterator[lmdb.Environment]:
+    """The shared environment if this process has one, else one closed afterwards: py-lmdb's
+    one-environment-per-file rule survives a fork, so a parent that kept one open would stop its
+    data-loader workers from opening theirs."""
+    key = (os.getpid(), os.path.realpath(root))
+    if key in _ENVIRONMENTS:
+        yield _ENVIRONMENTS[key]
+        return
+    env = open_lmdb(root)
+    try:
+        yield env
+    finally:
+        env.close()
 
 
 def read_num_samples(txn: lmdb.Transaction, root: str | Path) -> int:
@@ -67,33 +97,29 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int) -> tuple[np.
     A label is usable when it is non-empty, every character is in the alphabet, and CTC can align it
     to `max_frames` frames (a repeated character needs a blank between its two frames).
     """
-    env = open_lmdb(root)
-    try:
-        with env.begin() as txn:
-            total = read_num_samples(txn, root)
-            report = FilterReport(root=str(root), total=total)
-            kept: list[int] = []
-            for index in range(1, total + 1):
-                raw = txn.get(b"label-%09d" % index)
-                reason = None
-                if raw is None:
-                    reason = "missing label"
-                else:
-                    label = codec.normalize(raw.decode("utf-8", errors="replace"))
-                    unknown = codec.unknown_characters(label)
-                    if not label:
-                        reason = "empty label"
-                    elif unknown:
-                        reason = "characters outside the alphabet"
-                        report.unknown_characters.update(char for char in label if char in unknown)
-                    elif ctc_min_frames(label) > max_frames:
-                        reason = "too long for CTC"
-                if reason:
-                    report.dropped[reason] += 1
-                else:
-                    kept.append(index)
-    finally:
-        env.close()
+    with lmdb_for_scan(root) as env, env.begin() as txn:
+        total = read_num_samples(txn, root)
+        report = FilterReport(root=str(root), total=total)
+        kept: list[int] = []
+        for index in range(1, total + 1):
+            raw = txn.get(b"label-%09d" % index)
+            reason = None
+            if raw is None:
+                reason = "missing label"
+            else:
+                label = codec.normalize(raw.decode("utf-8", errors="replace"))
+                unknown = codec.unknown_characters(label)
+                if not label:
+                    reason = "empty label"
+                elif unknown:
+                    reason = "characters outside the alphabet"
+                    report.unknown_characters.update(char for char in label if char in unknown)
+                elif ctc_min_frames(label) > max_frames:
+                    reason = "too long for CTC"
+            if reason:
+                report.dropped[reason] += 1
+            else:
+                kept.append(index)
     report.kept = len(kept)
     # A numpy array, not a list of ints: forked workers then share it instead of copying it on read.
     return np.asarray(kept, dtype=np.int64), report
@@ -103,7 +129,7 @@ class LmdbDataset(Dataset):
     """The usable samples of one LMDB folder, as `(image [C, H, W], label)` or None if undecodable.
 
     The LMDB is opened lazily in each process that reads it (the main process or a data-loader
-    worker, forked or spawned): an LMDB environment must not cross a fork.
+    worker, forked or spawned), once per process however many datasets read it.
     """
 
     def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: Callable[[bytes], Tensor]) -> None:
@@ -111,25 +137,13 @@ class LmdbDataset(Dataset):
         self.codec = codec
         self.transform = transform
         self.indices, self.report = scan_labels(root, codec, max_frames)
-        self._env: lmdb.Environment | None = None
-        self._pid: int | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_env"], state["_pid"] = None, None
-        return state
-
-    def _txn(self) -> lmdb.Transaction:
-        if self._env is None or self._pid != os.getpid():
-            self._env, self._pid = open_lmdb(self.root), os.getpid()
-        return self._env.begin(buffers=True)
-
     def __getitem__(self, position: int) -> tuple[Tensor, str] | None:
         index = int(self.indices[position])
-        with self._txn() as txn:
+        with shared_lmdb(self.root).begin(buffers=True) as txn:
             label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
             image_bytes = txn.get(b"image-%09d" % index)
             image_bytes = bytes(image_bytes) if image_bytes is not None else None
@@ -158,12 +172,13 @@ class Batch:
 class CollateBatch:
     """Stacks decoded samples, drops undecodable ones (never replacing them), encodes the labels."""
 
-    def __init__(self, codec: CTCCodec) -> None:
+    def __init__(self, codec: CTCCodec, image_shape: tuple[int, int, int]) -> None:
         self.codec = codec
+        self.image_shape = image_shape  # (C, H, W): the shape of an empty batch too
 
     def __call__(self, samples: list[tuple[Tensor, str] | None]) -> Batch:
         good = [sample for sample in samples if sample is not None]
         labels = [label for _, label in good]
         targets, target_lengths = self.codec.encode(labels)
-        images = torch.stack([image for image, _ in good]) if good else torch.empty(0)
+        images = torch.stack([image for image, _ in good]) if good else torch.empty(0, *self.image_shape)
         return Batch(images, labels, targets, target_lengths, num_dropped=len(samples) - len(good))

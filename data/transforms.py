@@ -21,6 +21,7 @@ class ImageTransform:
     def __init__(self, height: int, width: int, channels: int, keep_aspect: bool = False) -> None:
         self.height, self.width, self.keep_aspect = height, width, keep_aspect
         self.mode = "L" if channels == 1 else "RGB"
+        self.output_shape = (channels, height, width)
 
     def __call__(self, image_bytes: bytes) -> Tensor:
         with Image.open(io.BytesIO(image_bytes)) as image:

@@ -2,6 +2,7 @@
 in a fresh process, then scripts/eval.sh with 1 and 2 processes."""
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
+
+from data.lmdb_writer import write_lmdb
 
 from tests.conftest import REPO, run_env
 
@@ -101,3 +105,21 @@ def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
     assert "resumed from" in output.stdout + output.stderr
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["world_size"] == 1
+
+
+def test_ddp_training_survives_batches_emptied_by_undecodable_images(tmp_path):
+    """14 of 16 images cannot be decoded: most per-rank batches of 2 end up empty, and both ranks
+    still step together (an empty batch gives zero gradients instead of stopping DDP)."""
+    not_an_image = (REPO / "tests" / "conftest.py").read_bytes()
+    image = io.BytesIO()
+    Image.new("L", (80, 32), 200).save(image, format="PNG")
+    samples = [(image.getvalue(), "ab") if i in (3, 11) else (not_an_image, "cd") for i in range(16)]
+    write_lmdb(tmp_path / "broken", samples)
+    out_dir = tmp_path / "run"
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+         "--config", "crnn.yaml", f"data.train=[{tmp_path / 'broken'}]", f"data.val=[{tmp_path / 'broken'}]",
+         f"train.out_dir={out_dir}", "train.batch_size=4", "train.max_steps=6", "train.eval_every=6",
+         "train.log_every=6", "data.num_workers=0", "model.hidden_size=32"])
+    [record] = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' not in line]
+    assert record["undecodable_images"] > 12 and record["loss"] == record["loss"]  # counted; finite, not NaN
+    assert torch.load(out_dir / "last.pt", weights_only=True)["step"] == 6

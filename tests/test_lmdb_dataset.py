@@ -57,16 +57,18 @@ def test_filtering_counts_each_reason(messy_lmdb):
 
 def test_undecodable_images_are_dropped_from_the_batch_and_counted(messy_lmdb):
     dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
-    batch = CollateBatch(dataset.codec)([dataset[i] for i in range(len(dataset))])
+    batch = CollateBatch(dataset.codec, (1, 32, 100))([dataset[i] for i in range(len(dataset))])
     assert batch.num_dropped == 1 and batch.labels == ["hello", "world", "b" * 13]
     assert batch.images.shape == (3, 1, 32, 100)
     assert batch.target_lengths.tolist() == [5, 5, 13] and batch.targets.numel() == 23
+    empty = CollateBatch(dataset.codec, (1, 32, 100))([None, None])
+    assert empty.images.shape == (0, 1, 32, 100) and empty.num_dropped == 2 and empty.labels == []
 
 
 def test_reading_with_two_spawned_workers(messy_lmdb):
     dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
     loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn",
-                        collate_fn=CollateBatch(dataset.codec))
+                        collate_fn=CollateBatch(dataset.codec, (1, 32, 100)))
     batches = list(loader)
     assert [label for batch in batches for label in batch.labels] == ["hello", "world", "b" * 13]
     assert sum(batch.num_dropped for batch in batches) == 1
@@ -116,3 +118,10 @@ def test_write_lmdb_refuses_to_overwrite(tmp_path):
     write_lmdb(tmp_path / "set", [(png(), "a")])
     with pytest.raises(FileExistsError, match="--overwrite"):
         write_lmdb(tmp_path / "set", [(png(), "b")])
+
+
+def test_one_lmdb_behind_two_datasets_in_one_process(messy_lmdb):
+    """Train and val on the same folder: py-lmdb refuses a second environment for one file."""
+    codec = CTCCodec(ALPHABET, fold_case=True)
+    first, second = (LmdbDataset(messy_lmdb, codec, 26, transform()) for _ in range(2))
+    assert first[0][1] == second[0][1] == "hello"

@@ -20,7 +20,7 @@ def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, nu
         batch_size=batch_size,
         sampler=ShardSampler(len(dataset), env.rank, env.world_size),
         num_workers=num_workers,
-        collate_fn=CollateBatch(codec),
+        collate_fn=CollateBatch(codec, dataset.transform.output_shape),
         pin_memory=env.device.type == "cuda",
         persistent_workers=num_workers > 0,
     )

@@ -17,6 +17,11 @@ def ctc_losses(logits: Tensor, batch: Batch, device: torch.device) -> tuple[Tens
     """
     log_probs = logits.float().log_softmax(2).transpose(0, 1)  # [T, B, C]
     frames, batch_size = log_probs.shape[:2]
+    if batch_size == 0:
+        # Every image of this process's batch was undecodable. F.ctc_loss rejects empty input; this
+        # empty loss stays in the graph, so backward gives every parameter a zero gradient and DDP's
+        # all-reduce still finds this rank.
+        return log_probs.sum(dim=(0, 2)), torch.zeros((), dtype=torch.long, device=device)
     input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
     targets = batch.targets.to(device, non_blocking=True)
     target_lengths = batch.target_lengths.to(device, non_blocking=True)
