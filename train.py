@@ -171,7 +171,7 @@ def train(config: Config, env: DistEnv) -> None:
              f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
              f"{config.train.max_steps} steps, precision {precision}, {len(train_loader)} steps per epoch")
 
-    def save(name: str, accuracy: float | None) -> None:
+    def save(names: list[str], accuracy: float | None) -> None:
         if not env.is_main:
             return
         checkpoint = {
@@ -180,7 +180,8 @@ def train(config: Config, env: DistEnv) -> None:
             "accuracy": accuracy, "config": to_dict(config), "alphabet": codec.alphabet,
             "world_size": env.world_size, "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]},
         }
-        save_checkpoint(out_dir / name, checkpoint)
+        for name in names:
+            save_checkpoint(out_dir / name, checkpoint)
 
     # --- the loop -----------------------------------------------------------------------------------
     model.train()
@@ -229,9 +230,7 @@ def train(config: Config, env: DistEnv) -> None:
                     log.metrics({"step": step, "val": root, **result})
                 is_best = accuracy > best_accuracy
                 best_accuracy = max(best_accuracy, accuracy)
-                save("last.pt", accuracy)
-                if is_best:
-                    save("best.pt", accuracy)
+                save(["last.pt", "best.pt"] if is_best else ["last.pt"], accuracy)
                 window_start = time.perf_counter()  # evaluation time is not training throughput
             if step >= config.train.max_steps:
                 break
