@@ -15,7 +15,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         return precision
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return "bf16" if native_bf16 else "fp32"
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
