@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
-from utils.losses import ctc_losses
 from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
+from utils.losses import ctc_losses
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from utils.precision import autocast
 
@@ -47,7 +47,7 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
         predictions, confidences = zip(*codec.decode(logits))
-        losses, _ = ctc_losses(logits, batch, env.device)
+        losses, _ = ctc_losses(logits, batch, env.device, count_infinite=False)
         update_counts(counts, list(predictions), batch.labels, list(confidences), losses.tolist())
     model.train(was_training)
     totals = counts_to_tensor(counts)

@@ -8,8 +8,10 @@ from torch import Tensor
 from data.lmdb_dataset import Batch
 
 
-def ctc_losses(logits: Tensor, batch: Batch, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Per-sample CTC losses `[B]` of `[B, T, C]` logits, and how many of them were infinite.
+def ctc_losses(logits: Tensor, batch: Batch, device: torch.device, count_infinite: bool = True
+               ) -> tuple[Tensor, Tensor | None]:
+    """Per-sample CTC losses `[B]` of `[B, T, C]` logits, and how many of them were infinite
+    (None unless `count_infinite`: counting costs a second CTC pass, which evaluation skips).
 
     The loss runs in fp32 whatever the autocast precision: CTC sums probabilities over many
     alignments, and bf16/fp16 lose them. Time-first is made here, after the parallel boundary.
@@ -26,6 +28,8 @@ def ctc_losses(logits: Tensor, batch: Batch, device: torch.device) -> tuple[Tens
     targets = batch.targets.to(device, non_blocking=True)
     target_lengths = batch.target_lengths.to(device, non_blocking=True)
     losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True)
+    if not count_infinite:
+        return losses, None
     with torch.no_grad():
         # zero_infinity hides infinite losses; count them from a pass without it (no backward).
         infinite = torch.isinf(F.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction="none")).sum()
