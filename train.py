@@ -13,30 +13,41 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler
+from torch.utils.data import ConcatDataset, DataLoader
 
 from data.codec import CTCCodec
 from data.alphabet import load_alphabet
 from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.sampler import GlobalBatchSampler
 from data.transforms import ImageTransform
 from models import build_model, count_parameters, output_frames
 from utils.checkpoint import load_checkpoint, load_initial_weights, save_checkpoint
 from utils.config import Config, ConfigError, load_config, to_dict, validate
-from utils.distributed import (DistEnv, all_reduce_sum, broadcast_buffers, cleanup_distributed, read_env,
-                               setup_distributed)
+from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
+                               read_env, setup_distributed)
 from utils.evaluate import build_eval_loader, evaluate
 from utils.losses import ctc_losses
 from utils.metrics import summarize
 from utils.precision import autocast, resolve_precision
-from utils.run_log import RunLog
+from utils.preemption import StopRequested, StopSignal, ignore_stop_signals
+from utils.rng import capture_rng_state, restore_rng_state
+from utils.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
+                              point_last_at, prune_checkpoints)
+from utils.run_log import LogWindow, RunLog
+from utils.sync_batchnorm import convert_sync_batchnorm
+
+
+class TrainingDiverged(RuntimeError):
+    pass
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,18 +58,18 @@ def parse_args() -> argparse.Namespace:
 
 
 def build_train_loader(config: Config, codec: CTCCodec, datasets: list[LmdbDataset], env: DistEnv
-                       ) -> tuple[DataLoader, DistributedSampler]:
+                       ) -> tuple[DataLoader, GlobalBatchSampler]:
     dataset = ConcatDataset(datasets)
-    per_process = config.train.batch_size // env.world_size
-    # One process is a world of one: the same sampler shards nothing and shuffles per epoch alike.
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
-                                 seed=config.train.seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=per_process, sampler=sampler, drop_last=True,
-                        num_workers=config.data.num_workers, collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
-                        pin_memory=env.device.type == "cuda", persistent_workers=config.data.num_workers > 0)
-    if len(loader) == 0:
+    sampler = GlobalBatchSampler(len(dataset), config.train.batch_size, env.rank, env.world_size, config.train.seed)
+    if sampler.batches_per_epoch == 0:
         raise ValueError(f"data.train has {len(dataset)} usable samples: fewer than one global batch of "
                          f"{config.train.batch_size}; add data or lower train.batch_size")
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config.data.num_workers,
+                        collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
+                        pin_memory=env.device.type == "cuda", persistent_workers=config.data.num_workers > 0,
+                        worker_init_fn=ignore_stop_signals,
+                        # Its own generator: worker seeds then neither draw from nor depend on the global RNG.
+                        generator=torch.Generator().manual_seed(config.train.seed + env.rank))
     return loader, sampler
 
 
@@ -83,8 +94,9 @@ def build_optimizer(config: Config, model: nn.Module) -> tuple[torch.optim.Optim
 
 def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                grad_clip: float, device: torch.device, precision: str, memory_format: torch.memory_format
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step; returns the loss and the count of infinite losses, left on the device."""
+               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """One optimizer step. Returns the loss and the count of infinite losses (left on the device), and
+    whether the step was taken: one with a NaN or infinite gradient norm is skipped."""
     images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
     with autocast(device, precision):
         logits = model(images)  # [B, T, C]
@@ -92,12 +104,19 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     loss = losses.sum() / max(len(losses), 1)  # not mean(): a batch emptied by undecodable images gives 0
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # clip and check the true gradients, not the fp16-scaled ones
     if grad_clip > 0:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    return loss, infinite
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    # A NaN or infinite loss on any rank makes its gradients NaN, and DDP's all-reduce hands them to
+    # every rank: the norm is then the same everywhere and every rank skips the same steps with no
+    # extra collective. Reading it is the loop's one host sync per step (GradScaler's fp16 check is another).
+    taken = bool(torch.isfinite(grad_norm))
+    if taken:
+        scaler.step(optimizer)
+    scaler.update()  # fp16: lowers the loss scale after an overflow; otherwise nothing
+    return loss, infinite, taken
 
 
 def main() -> None:
@@ -109,19 +128,40 @@ def main() -> None:
     if config.train.batch_size % world_size or config.train.eval_batch_size % world_size:
         raise ConfigError(f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
                           f"{config.train.eval_batch_size} must divide by the {world_size} processes")
+    check_run_folder(config)
     env = setup_distributed(config.device_ids, config.train.threads)
+    stop = StopSignal(env.cpu_group)
     try:
-        train(config, env)
+        train(config, env, stop)
     finally:
+        stop.restore()
         cleanup_distributed()
 
 
-def train(config: Config, env: DistEnv) -> None:
+def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint this run continues from, the same on every rank: rank 0 chooses, the others load it."""
+    resume = config.train.resume
+    if resume == "none" or (resume == "auto" and config.train.overwrite):
+        return None
+    if resume != "auto":
+        return resume, load_checkpoint(resume)
+    found = find_latest_checkpoint(config.train.out_dir, warn=log.info) if env.is_main else None
+    path = broadcast_object(str(found[0]) if found else "", group=env.cpu_group)
+    if not path:
+        return None
+    return path, found[1] if env.is_main else load_checkpoint(path)
+
+
+def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     out_dir = Path(config.train.out_dir)
+    log = RunLog(out_dir if env.is_main else None)
+    resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
     if env.is_main:
+        if config.train.overwrite:
+            clear_run_folder(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
-    log = RunLog(out_dir if env.is_main else None)
+        log.drop_records_after(resume_from[1]["step"] if resume_from else 0)
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
 
@@ -129,6 +169,8 @@ def train(config: Config, env: DistEnv) -> None:
     codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
     model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
     frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
+    if config.model.sync_bn and env.distributed:
+        model = convert_sync_batchnorm(model, env.device)
     transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels, config.data.keep_aspect)
     train_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.train]
     val_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.val]
@@ -145,18 +187,29 @@ def train(config: Config, env: DistEnv) -> None:
     optimizer, scheduler = build_optimizer(config, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
-    step, epoch, best_accuracy = 0, 0, -1.0
-    if config.train.resume:
-        checkpoint = load_checkpoint(config.train.resume, map_location=env.device)
+    window = LogWindow(env.device)
+    step, epoch, position, best_accuracy = 0, 0, 0, -1.0
+    if resume_from:
+        path, checkpoint = resume_from
+        if "optimizer" not in checkpoint:
+            raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
+                             f"last.pt, or start from these weights with train.init_from")
         if checkpoint.get("alphabet") != codec.alphabet:
-            raise ValueError(f"train.resume: {config.train.resume} was trained with another alphabet")
+            raise ValueError(f"train.resume: {path} was trained with another alphabet")
         model.load_state_dict(checkpoint["model"], strict=True)
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        if "scaler" in checkpoint:
-            scaler.load_state_dict(checkpoint["scaler"])
-        step, epoch, best_accuracy = checkpoint["step"], checkpoint["epoch"] + 1, checkpoint["best_accuracy"]
-        log.info(f"resumed from {config.train.resume} at step {step}")
+        scaler.load_state_dict(checkpoint["scaler"])
+        step, best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
+        epoch, position = checkpoint["data_position"]["epoch"], checkpoint["data_position"]["position"]
+        if checkpoint["data_position"]["num_samples"] != sampler.num_samples:
+            log.info(f"warning: data.train now has {sampler.num_samples} usable samples, not "
+                     f"{checkpoint['data_position']['num_samples']}: continuing with a new epoch (not an exact resume)")
+            epoch, position = epoch + 1, 0
+        window.load_state_dict(checkpoint["log_window"], env.is_main)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        log.info(f"resumed from {path} at step {step} (epoch {epoch}, batch {position} of {sampler.batches_per_epoch}); "
+                 f"torchrun restart {restart}")
     elif config.train.init_from:
         log.info(load_initial_weights(model, config.train.init_from))
     unwrapped = model  # saved and evaluated: never the DDP wrapper, so checkpoints carry no `module.`
@@ -169,50 +222,62 @@ def train(config: Config, env: DistEnv) -> None:
              f"{codec.num_classes - 1} characters")
     log.info(f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
              f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
-             f"{config.train.max_steps} steps, precision {precision}, {len(train_loader)} steps per epoch")
+             f"{config.train.max_steps} steps, precision {precision}, {sampler.batches_per_epoch} steps per epoch")
 
-    def save(names: list[str], accuracy: float | None) -> None:
-        if not env.is_main:
-            return
-        checkpoint = {
-            "model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "step": step, "epoch": epoch, "best_accuracy": best_accuracy,
-            "accuracy": accuracy, "config": to_dict(config), "alphabet": codec.alphabet,
-            "world_size": env.world_size, "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]},
-        }
-        for name in names:
-            save_checkpoint(out_dir / name, checkpoint)
+    def model_only(accuracy: float | None) -> dict[str, Any]:
+        return {"model": unwrapped.state_dict(), "step": step, "accuracy": accuracy, "config": to_dict(config),
+                "alphabet": codec.alphabet, "world_size": env.world_size,
+                "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
+
+    def save_training_state() -> Path:
+        """Everything an exact resume needs (a collective: every rank adds its RNG state and log sums)."""
+        log_window = window.state_dict()
+        rng = gather_objects(capture_rng_state(env.device), group=env.cpu_group)
+        path = checkpoint_path(out_dir, step)
+        if env.is_main:
+            save_checkpoint(path, {
+                **model_only(None), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
+                "data_position": {"epoch": epoch, "position": position, "num_samples": sampler.num_samples},
+            })
+            point_last_at(path)
+            prune_checkpoints(out_dir, config.train.keep_checkpoints)
+        return path
+
+    if resume_from:  # last: model building and data loading above draw random numbers too
+        states = resume_from[1]["rng"]
+        if len(states) == env.world_size:
+            restore_rng_state(states[env.rank], env.device)
+        else:
+            log.info(f"warning: the checkpoint holds RNG states of {len(states)} processes, this run has "
+                     f"{env.world_size}: random streams restart (the data order is still exact)")
 
     # --- the loop -----------------------------------------------------------------------------------
     model.train()
     log.start_progress(total=config.train.max_steps, initial=step)
-    window_loss = torch.zeros((), device=env.device)  # summed on the device: no host sync per step
-    window_infinite = torch.zeros((), dtype=torch.long, device=env.device)
-    window_steps, window_samples, window_dropped, window_start = 0, 0, 0, time.perf_counter()
+    skipped_in_a_row = 0
     while step < config.train.max_steps:
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        sampler.set_position(epoch, position)
         for batch in train_loader:
-            loss, infinite = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device,
-                                        precision, memory_format)
+            loss, infinite, taken = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device,
+                                               precision, memory_format)
             scheduler.step()
-            step += 1
-            window_steps += 1
-            window_loss += loss.detach()
-            window_infinite += infinite
-            window_samples += len(batch.labels)
-            window_dropped += batch.num_dropped
+            step, position = step + 1, position + 1
+            window.add(loss if taken else None, infinite, batch.num_dropped, len(batch.labels))
+            skipped_in_a_row = 0 if taken else skipped_in_a_row + 1
+            if not taken:
+                log.info(f"step {step}: non-finite loss or gradient; step skipped ({skipped_in_a_row} in a row)")
+                if skipped_in_a_row >= config.train.max_nonfinite_steps:
+                    raise TrainingDiverged(
+                        f"{skipped_in_a_row} steps in a row up to step {step} had a NaN or infinite loss or gradient "
+                        f"(the limit is train.max_nonfinite_steps); stopping rather than training on garbage. Lower "
+                        f"optim.lr, keep optim.grad_clip on, or use fp32/bf16 instead of fp16; earlier checkpoints "
+                        f"are in {out_dir}")
 
             if step % config.train.log_every == 0 or step == config.train.max_steps:
-                totals = all_reduce_sum(torch.stack([window_loss.float().cpu(), window_infinite.float().cpu(),
-                                                     torch.tensor(float(window_samples)), torch.tensor(float(window_dropped))]))
-                record = {"step": step, "epoch": epoch, "loss": totals[0].item() / env.world_size / window_steps,
-                          "lr": scheduler.get_last_lr()[0], "images_per_s": totals[2].item() / (time.perf_counter() - window_start),
-                          "infinite_losses": int(totals[1]), "undecodable_images": int(totals[3])}
+                record = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], **window.record(env.world_size)}
                 log.metrics(record)
                 log.advance({"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"})
-                window_loss.zero_()
-                window_infinite.zero_()
-                window_steps, window_samples, window_dropped, window_start = 0, 0, 0, time.perf_counter()
             else:
                 log.advance()
 
@@ -228,13 +293,21 @@ def train(config: Config, env: DistEnv) -> None:
                     log.info(f"step {step} val {root}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                                      for k, v in result.items()))
                     log.metrics({"step": step, "val": root, **result})
-                is_best = accuracy > best_accuracy
+                if accuracy > best_accuracy and env.is_main:
+                    save_checkpoint(out_dir / "best.pt", model_only(accuracy))
                 best_accuracy = max(best_accuracy, accuracy)
-                save(["last.pt", "best.pt"] if is_best else ["last.pt"], accuracy)
-                window_start = time.perf_counter()  # evaluation time is not training throughput
+                window.restart_clock()
+
+            signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
+            if signum or step % config.train.save_every == 0 or step == config.train.max_steps:
+                saved = save_training_state()
+                window.restart_clock()
+                if signum:
+                    raise StopRequested(signum, step, str(saved))
             if step >= config.train.max_steps:
                 break
-        epoch += 1
+        else:
+            epoch, position = epoch + 1, 0
     log.close()
     log.info(f"done: step {step}, best val accuracy {best_accuracy:.4f}; checkpoints in {out_dir}")
 
@@ -242,6 +315,9 @@ def train(config: Config, env: DistEnv) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, FileNotFoundError, ValueError) as error:
+    except StopRequested as stopped:
+        print(stopped, file=sys.stderr)
+        sys.exit(stopped.exit_code)
+    except (ConfigError, FileNotFoundError, ValueError, TrainingDiverged) as error:
         # Bad input, not a bug: the message names the file, key or option; a traceback would bury it.
         sys.exit(f"error: {error}")

@@ -4,7 +4,12 @@ Kept free of torch so that data tools start fast.
 """
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
+
+# Names other toolkits give the CTC blank or padding (compared lowercased, without <>, [] or {}).
+BLANK_TOKEN_NAMES = {"blank", "pad", "ctc", "ctc_blank", "ctc-blank", "ctcblank", "eps", "epsilon"}
+BLANK_IS_IMPLICIT = "the CTC blank is class 0, added by the codec, and must not be listed"
 
 
 def load_alphabet(spec: str) -> str:
@@ -21,6 +26,11 @@ def load_alphabet(spec: str) -> str:
         raise FileNotFoundError(f"alphabet file {spec!r} does not exist (data.alphabet names a .txt file)")
     characters = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line:
+            raise ValueError(f"{spec}:{number}: empty line; {BLANK_IS_IMPLICIT}: delete the line"
+                             " (write a space as a line holding a single space)")
+        if line.strip().strip("<>[]{}").lower() in BLANK_TOKEN_NAMES:
+            raise ValueError(f"{spec}:{number}: {line!r} looks like a blank token; {BLANK_IS_IMPLICIT}: delete the line")
         if len(line) != 1:
             raise ValueError(
                 f"{spec}:{number}: expected exactly one character per line, got {line!r}"
@@ -28,20 +38,29 @@ def load_alphabet(spec: str) -> str:
             )
         characters.append(line)
     alphabet = "".join(characters)
-    check_alphabet(alphabet, source=spec)
+    check_alphabet(alphabet, source=spec, lines=True)
     return alphabet
 
 
-def check_alphabet(alphabet: str, source: str = "alphabet") -> None:
+def check_alphabet(alphabet: str, source: str = "alphabet", lines: bool = False) -> None:
+    """Reject an empty alphabet, repeated characters and control characters, naming where they are.
+
+    `lines`: the alphabet came from a file, one character per line, so positions are named as lines.
+    """
+    def where(position: int) -> str:
+        return f"{source}:{position + 1}" if lines else f"{source}: position {position}"
+
     if not alphabet:
         raise ValueError(f"{source}: the alphabet is empty")
     seen: dict[str, int] = {}
     for position, char in enumerate(alphabet):
         if char in seen:
-            raise ValueError(
-                f"{source}: character {char!r} appears twice (positions {seen[char]} and {position});"
-                " every character must be listed once"
-            )
+            first = f"line {seen[char] + 1}" if lines else f"position {seen[char]}"
+            raise ValueError(f"{where(position)}: character {char!r} appears twice (first at {first});"
+                             " every character must be listed once")
+        # Control characters never appear in rendered text; "\x00" is a common stand-in for the blank.
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(f"{where(position)}: control character {char!r} (U+{ord(char):04X}) cannot be an alphabet"
+                             " character; remove it (if it stood for the CTC blank: the blank is class 0 and added"
+                             " by the codec)")
         seen[char] = position
-    if "\n" in seen or "\r" in seen:
-        raise ValueError(f"{source}: line breaks cannot be alphabet characters")

@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 
 from data.codec import CTCCodec, ctc_min_frames
 
-DROP_REASONS = ("missing label", "empty label", "characters outside the alphabet", "too long for CTC")
+DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
+                "too long for CTC")
 
 
 def open_lmdb(root: str | Path) -> lmdb.Environment:
@@ -66,10 +67,14 @@ def read_num_samples(txn: lmdb.Transaction, root: str | Path) -> int:
     raw = txn.get(b"num-samples")
     if raw is None:
         raise ValueError(f"{root}: the LMDB has no 'num-samples' key; it is not in the text-recognition format")
+    raw = bytes(raw)  # a memoryview in a buffers=True transaction
     try:
-        return int(raw)
+        total = int(raw)
     except ValueError:
         raise ValueError(f"{root}: 'num-samples' is {raw!r}, not an integer") from None
+    if total < 0:
+        raise ValueError(f"{root}: 'num-samples' is {total}; it must count the samples (0 or more)")
+    return total
 
 
 @dataclass
@@ -77,14 +82,18 @@ class FilterReport:
     """What filtering kept and dropped in one LMDB, and why."""
 
     root: str
-    total: int
+    total: int  # the LMDB's num-samples
     kept: int = 0
+    present: int = 0  # indices holding a label or an image: fewer than `total` when keys are missing
     dropped: Counter = field(default_factory=Counter)
     unknown_characters: Counter = field(default_factory=Counter)
 
     def summary(self) -> str:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in self.dropped.items() if count) or "none"
-        line = f"{self.root}: kept {self.kept} of {self.total}; dropped: {reasons}"
+        reasons = ", ".join(f"{self.dropped[reason]} {reason}" for reason in DROP_REASONS if self.dropped[reason])
+        line = f"{self.root}: kept {self.kept} of {self.total}; dropped: {reasons or 'none'}"
+        if self.present < self.total:
+            line += (f"\n  num-samples is {self.total} but only {self.present} samples exist: the LMDB was cut short"
+                     " or num-samples is wrong (scripts/create_lmdb.py writes it)")
         if self.unknown_characters:
             common = " ".join(f"{char!r}x{n}" for char, n in self.unknown_characters.most_common(10))
             line += f"\n  characters outside the alphabet (most common): {common}"
@@ -94,20 +103,27 @@ class FilterReport:
 def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int) -> tuple[np.ndarray, FilterReport]:
     """Read every label once; return the indices (1-based) of the usable samples and a report.
 
-    A label is usable when it is non-empty, every character is in the alphabet, and CTC can align it
-    to `max_frames` frames (a repeated character needs a blank between its two frames).
+    A sample is usable when its image key exists (it is not decoded here) and its label is non-empty,
+    every character is in the alphabet, and CTC can align it to `max_frames` frames (a repeated
+    character needs a blank between its two frames).
     """
-    with lmdb_for_scan(root) as env, env.begin() as txn:
+    # buffers=True: values come back as views into the memory map, so looking up an image key to see
+    # that it exists reads no image bytes.
+    with lmdb_for_scan(root) as env, env.begin(buffers=True) as txn:
         total = read_num_samples(txn, root)
         report = FilterReport(root=str(root), total=total)
         kept: list[int] = []
         for index in range(1, total + 1):
             raw = txn.get(b"label-%09d" % index)
+            label = None if raw is None else codec.normalize(bytes(raw).decode("utf-8", errors="replace"))
+            has_image = txn.get(b"image-%09d" % index) is not None
+            report.present += label is not None or has_image
             reason = None
-            if raw is None:
+            if label is None:
                 reason = "missing label"
+            elif not has_image:
+                reason = "missing image"
             else:
-                label = codec.normalize(raw.decode("utf-8", errors="replace"))
                 unknown = codec.unknown_characters(label)
                 if not label:
                     reason = "empty label"

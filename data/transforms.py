@@ -3,11 +3,27 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
+
+SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def to_8bit(image: Image.Image, mode: str) -> Image.Image:
+    """`image` in the 8-bit `mode` ("L" or "RGB"), with 16-bit depth scaled and transparency made white."""
+    if image.mode in SIXTEEN_BIT_MODES:
+        # Pillow's convert("L") clips 16-bit values at 255, so any scan brighter than 0.4 % turns white.
+        scaled = np.asarray(image, dtype=np.float32) / 257  # 65535 -> 255
+        image = Image.fromarray(scaled.clip(0, 255).round().astype(np.uint8))
+    elif "A" in image.getbands() or "transparency" in image.info:  # RGBA, LA, PA, P or L with tRNS
+        # Transparent pixels hold arbitrary colour, usually black: dropping alpha would put dark
+        # text on black. Text is read off paper, so composite onto white.
+        image = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA"))
+    return image.convert(mode)
 
 
 class ImageTransform:
@@ -25,7 +41,7 @@ class ImageTransform:
 
     def __call__(self, image_bytes: bytes) -> Tensor:
         with Image.open(io.BytesIO(image_bytes)) as image:
-            image = image.convert(self.mode)
+            image = to_8bit(image, self.mode)
         if self.keep_aspect:
             scaled_width = round(image.width * self.height / max(image.height, 1))
             target_width = min(self.width, max(1, scaled_width))

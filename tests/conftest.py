@@ -35,3 +35,38 @@ def synth(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out),
                     "--train", "96", "--val", "33", "--workers", "1"], check=True, capture_output=True, env=run_env())
     return out
+
+
+def _join_and_run(rank: int, store: str, target, args: tuple, results) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    result = target(rank, *args)
+    if rank == 0:
+        results.put(result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_on_two_processes(target, tmp_path: Path, *args):
+    """`target(rank, *args)` in two spawned processes joined by a gloo group; rank 0's return value.
+
+    Return numpy arrays or plain values: tensors would travel as shared-memory handles that die with
+    the process.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    store = tmp_path / f"store-{os.urandom(4).hex()}"
+    processes = [context.Process(target=_join_and_run, args=(rank, str(store), target, args, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    try:
+        result = results.get(timeout=180)
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+    assert [process.exitcode for process in processes] == [0, 0]
+    return result

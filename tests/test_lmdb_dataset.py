@@ -27,6 +27,17 @@ def transform() -> ImageTransform:
     return ImageTransform(32, 100, channels=1)
 
 
+def edit_lmdb(path, put: dict[bytes, bytes] | None = None, delete: list[bytes] = ()) -> None:
+    """Damage a finished LMDB in place: overwrite or delete keys, as a bad converter or a cut copy would."""
+    env = lmdb.open(str(path), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for key, value in (put or {}).items():
+            txn.put(key, value)
+        for key in delete:
+            assert txn.delete(key), key
+    env.close()
+
+
 @pytest.fixture
 def messy_lmdb(tmp_path):
     samples = [
@@ -101,17 +112,47 @@ def test_keep_aspect_pads_on_the_right_by_repeating_the_last_column():
 
 def test_missing_folder_and_bad_lmdbs_are_named(tmp_path):
     codec = CTCCodec(ALPHABET)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"LMDB folder .*nope does not exist"):
         LmdbDataset(tmp_path / "nope", codec, 26, transform())
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no data.mdb"):
+    with pytest.raises(FileNotFoundError, match=r"empty holds no data.mdb"):
         LmdbDataset(tmp_path / "empty", codec, 26, transform())
     env = lmdb.open(str(tmp_path / "nocount"), map_size=1 << 20)
     with env.begin(write=True) as txn:
         txn.put(b"image-000000001", png())
     env.close()
-    with pytest.raises(ValueError, match="num-samples"):
+    with pytest.raises(ValueError, match=r"nocount: the LMDB has no 'num-samples' key"):
         LmdbDataset(tmp_path / "nocount", codec, 26, transform())
+
+
+@pytest.mark.parametrize("value, message", [(b"twelve", r"'num-samples' is b'twelve', not an integer"),
+                                            (b"", r"'num-samples' is b'', not an integer"),
+                                            (b"-3", r"'num-samples' is -3; it must count the samples")])
+def test_a_num_samples_that_is_not_a_count_is_named_with_the_folder(tmp_path, value, message):
+    write_lmdb(tmp_path / "badcount", [(png(), "a")])
+    edit_lmdb(tmp_path / "badcount", put={b"num-samples": value})
+    with pytest.raises(ValueError, match=r"badcount: " + message):
+        LmdbDataset(tmp_path / "badcount", CTCCodec(ALPHABET), 26, transform())
+
+
+def test_num_samples_larger_than_the_keys_drops_and_reports_the_missing_samples(tmp_path):
+    """A copy cut short (num-samples 8, keys up to 5) and a sample whose image key is gone."""
+    path = tmp_path / "short"
+    write_lmdb(path, [(png(), word) for word in ["one", "two", "three", "four", "five"]])
+    edit_lmdb(path, put={b"num-samples": b"8"}, delete=[b"image-000000002"])
+    dataset = LmdbDataset(path, CTCCodec(ALPHABET), 26, transform())
+    report = dataset.report
+    assert report.total == 8 and report.present == 5 and report.kept == len(dataset) == 4
+    assert report.dropped == {"missing label": 3, "missing image": 1}
+    assert report.summary() == (f"{path}: kept 4 of 8; dropped: 3 missing label, 1 missing image\n"
+                                "  num-samples is 8 but only 5 samples exist: the LMDB was cut short or num-samples is"
+                                " wrong (scripts/create_lmdb.py writes it)")
+    assert [dataset[i][1] for i in range(len(dataset))] == ["one", "three", "four", "five"]
+
+
+def test_a_complete_lmdb_reports_no_missing_samples(messy_lmdb):
+    report = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform()).report
+    assert report.present == report.total == 8 and "only" not in report.summary()
 
 
 def test_write_lmdb_refuses_to_overwrite(tmp_path):

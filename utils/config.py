@@ -36,6 +36,10 @@ class ModelConfig:
     arch: str = "crnn"  # a key of models.ARCHITECTURES
     in_channels: int = 1  # 1: grayscale, 3: RGB
     hidden_size: int = 256
+    # BatchNorm statistics over the global batch instead of each process's slice: a run on N
+    # processes then computes what one process would with the same global batch. Costs two small
+    # all-reduces per BatchNorm layer; worth it when the per-process batch is small.
+    sync_bn: bool = False
 
 
 @dataclass
@@ -61,8 +65,14 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
     channels_last: bool = True
     threads: int = 0  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
-    resume: str = ""  # a checkpoint to continue from (model, optimizer, scheduler, step)
+    save_every: int = 250  # steps between full checkpoints (also written at the end and when stopped)
+    keep_checkpoints: int = 3  # the newest K numbered checkpoints are kept; best.pt is kept apart
+    # auto: continue from the newest valid checkpoint in out_dir, if any; none: start afresh;
+    # or the path of a checkpoint to continue from (model, optimizer, scheduler, data position, RNG).
+    resume: str = "auto"
+    overwrite: bool = False  # start afresh in an out_dir that holds another run, deleting its checkpoints
     init_from: str = ""  # a checkpoint whose weights start this run (its optimizer is not used)
+    max_nonfinite_steps: int = 20  # consecutive steps skipped for a NaN/inf gradient before the run stops
 
 
 @dataclass
@@ -199,6 +209,9 @@ def validate(config: Config) -> None:
         "train.eval_every": config.train.eval_every,
         "train.log_every": config.train.log_every,
         "train.eval_batch_size": config.train.eval_batch_size,
+        "train.save_every": config.train.save_every,
+        "train.keep_checkpoints": config.train.keep_checkpoints,
+        "train.max_nonfinite_steps": config.train.max_nonfinite_steps,
         "data.img_width": config.data.img_width,
         "optim.lr": config.optim.lr,
     }
@@ -209,8 +222,11 @@ def validate(config: Config) -> None:
         raise ConfigError(f"data.num_workers must be 0 or more, got {config.data.num_workers}")
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
-    if config.train.resume and config.train.init_from:
-        raise ConfigError("train.resume and train.init_from are both set: resume continues a run, init_from starts one")
+    if not config.train.resume:
+        raise ConfigError("train.resume is empty: use auto, none, or the path of a checkpoint")
+    if config.train.resume not in ("auto", "none") and config.train.init_from:
+        raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
+                          " init_from starts one; keep one of them")
 
 
 def to_dict(config: Config) -> dict:

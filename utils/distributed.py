@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.constants import default_pg_timeout
 from torch.utils.data import Sampler
 
 
@@ -21,6 +23,9 @@ class DistEnv:
     local_rank: int
     world_size: int
     device: torch.device
+    # gloo, for small host-side messages (stop flags, objects): with NCCL each would need a CUDA
+    # tensor and a host-device sync. None: the default group (gloo already, or one process).
+    cpu_group: dist.ProcessGroup | None = None
 
     @property
     def is_main(self) -> bool:
@@ -69,10 +74,29 @@ def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init_process_group, so NCCL uses this GPU
     torch.set_num_threads(threads_per_process(threads, local_world_size))
+    cpu_group = None
     if world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+        dist.init_process_group(backend=backend, store=attempt_store(world_size), rank=rank, world_size=world_size,
+                                device_id=device if backend == "nccl" else None)
+        if backend != "gloo":
+            cpu_group = dist.new_group(backend="gloo")
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, cpu_group=cpu_group)
+
+
+def attempt_store(world_size: int) -> dist.Store | None:
+    """The rendezvous store of this torchrun attempt, or None to let torch open it from the environment.
+
+    torchrun's agent keeps one store across restarts, and torch 2.14 does not separate the attempts'
+    keys in it: a restarted rank that starts a little late makes its peers read the address it had
+    in the attempt that died, and the process group fails with "Connection refused". Prefixing the
+    keys with the restart count gives every attempt its own.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=default_pg_timeout)
+    return dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def threads_per_process(requested: int, local_world_size: int) -> int:
@@ -97,6 +121,24 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor
     dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
     return on_wire.to(tensor.device)
+
+
+def broadcast_object(value: Any, group: dist.ProcessGroup | None = None) -> Any:
+    """Rank 0's `value` on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0, group=group)
+    return holder[0]
+
+
+def gather_objects(value: Any, group: dist.ProcessGroup | None = None) -> list[Any] | None:
+    """Every rank's `value`, in rank order, on rank 0; None on the other ranks."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, gathered, dst=0, group=group)
+    return gathered
 
 
 def broadcast_buffers(module: nn.Module) -> None:

@@ -11,6 +11,7 @@ from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
 from utils.losses import ctc_losses
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from utils.precision import autocast
+from utils.preemption import ignore_stop_signals
 
 
 def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, num_workers: int, env: DistEnv) -> DataLoader:
@@ -23,6 +24,7 @@ def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, nu
         collate_fn=CollateBatch(codec, dataset.transform.output_shape),
         pin_memory=env.device.type == "cuda",
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_stop_signals,
     )
 
 

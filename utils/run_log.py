@@ -5,11 +5,15 @@ Other ranks get a RunLog that does nothing, so call sites need no `if rank == 0`
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
+
+from utils.distributed import all_reduce_sum
 
 
 class RunLog:
@@ -28,6 +32,16 @@ class RunLog:
             with self.metrics_path.open("a", encoding="utf-8") as file:
                 file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
 
+    def drop_records_after(self, step: int) -> None:
+        """Forget what a run that died after `step` logged: the resumed run logs those steps again."""
+        if self.metrics_path is None or not self.metrics_path.is_file():
+            return
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        temporary = self.metrics_path.with_suffix(".tmp")
+        temporary.write_text("".join(kept), encoding="utf-8")
+        os.replace(temporary, self.metrics_path)
+
     def start_progress(self, total: int, initial: int) -> None:
         if self.enabled:
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=2.0)
@@ -41,3 +55,62 @@ class RunLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class LogWindow:
+    """The training numbers between two log lines; losses stay on the device (no host sync per step).
+
+    Each step's loss is kept apart and the ranks' values are added step by step before the steps are
+    added up, so the logged mean does not depend on where a run was stopped and resumed.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.losses: list[torch.Tensor] = []
+        self.infinite = torch.zeros((), dtype=torch.long, device=device)
+        self.undecodable = self.skipped = self.samples = 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor | None, infinite: torch.Tensor, undecodable: int, samples: int) -> None:
+        """`loss` is None for a skipped step: its NaN would poison the mean."""
+        if loss is None:
+            self.skipped += 1
+        else:
+            self.losses.append(loss.detach().float())
+        self.infinite += infinite
+        self.undecodable += undecodable
+        self.samples += samples
+
+    def reduce(self) -> tuple[list[float], list[int]]:
+        """Per-step losses and the counts (infinite, undecodable, skipped), summed over all processes."""
+        # Every rank skips the same steps, so every rank holds the same number of losses.
+        losses = all_reduce_sum(torch.stack(self.losses).cpu()).tolist() if self.losses else []
+        counts = all_reduce_sum(torch.tensor([int(self.infinite), self.undecodable, self.skipped], dtype=torch.long))
+        return losses, counts.tolist()
+
+    def record(self, world_size: int) -> dict[str, Any]:
+        """The log line's numbers (a collective); the window starts again empty."""
+        losses, (infinite, undecodable, skipped) = self.reduce()
+        samples = int(all_reduce_sum(torch.tensor([self.samples]))[0])
+        record = {"loss": sum(losses) / world_size / max(len(losses), 1),
+                  "images_per_s": samples / (time.perf_counter() - self.start),
+                  "infinite_losses": infinite, "undecodable_images": undecodable, "skipped_steps": skipped}
+        self.__init__(self.device)
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to log the same numbers after a resume (a collective)."""
+        losses, counts = self.reduce()
+        return {"losses": losses, "counts": counts}
+
+    def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
+        """Rank 0 takes the saved sums, the other ranks zeros: the next all-reduce adds them up exactly."""
+        share = 1.0 if is_main else 0.0
+        self.losses = [torch.tensor(value * share, device=self.device) for value in state["losses"]]
+        infinite, undecodable, skipped = (count if is_main else 0 for count in state["counts"])
+        self.infinite.fill_(infinite)
+        self.undecodable, self.skipped = undecodable, skipped
+
+    def restart_clock(self) -> None:
+        """Time spent evaluating or saving is not training throughput."""
+        self.samples, self.start = 0, time.perf_counter()

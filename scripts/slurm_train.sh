@@ -1,0 +1,30 @@
+#!/bin/bash
+# Train on several machines under SLURM: one torchrun per node, one worker per GPU.
+#
+#   sbatch --nodes=4 scripts/slurm_train.sh crnn.yaml train.out_dir=runs/big optim.lr=3e-4
+#
+# The run folder (train.out_dir) must be on a file system every node sees. A job that is requeued,
+# preempted or resubmitted continues from the newest checkpoint there (train.resume=auto).
+#SBATCH --job-name=crnn
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1     # one torchrun per node; it starts the workers
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --signal=TERM@120       # SIGTERM 2 minutes before the time limit: every rank checkpoints and exits
+#SBATCH --requeue               # after a preemption or a node failure, run again (and resume)
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+
+config=${1:?usage: sbatch scripts/slurm_train.sh CONFIG [key=value ...]}
+shift
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
+
+# --max-restarts: a worker that dies (a GPU error, an OOM kill) brings every worker back, and they
+# continue from the last checkpoint instead of ending the job.
+srun --kill-on-bad-exit=1 "${PYTHON:-python3}" -m torch.distributed.run \
+    --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_node="$gpus_per_node" \
+    --rdzv_backend=c10d --rdzv_endpoint="$head_node:${PORT:-29500}" --rdzv_id="$SLURM_JOB_ID" \
+    --max-restarts="${MAX_RESTARTS:-3}" \
+    train.py --config "$config" "$@"

@@ -1,0 +1,128 @@
+"""A run folder: its numbered checkpoints, the newest valid one, and the rule that runs never mix.
+
+    runs/crnn/config.yaml             the run's configuration
+    runs/crnn/ckpt-0000250.pt ...     full training state every train.save_every steps; newest K kept
+    runs/crnn/last.pt                 the newest of them (a hard link: no second write)
+    runs/crnn/best.pt                 the best validation accuracy so far
+    runs/crnn/metrics.jsonl           the log
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from utils.checkpoint import load_checkpoint
+from utils.config import Config, ConfigError, to_dict
+
+CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
+RUN_FILES = ("config.yaml", "last.pt", "best.pt", "metrics.jsonl")
+# What may change when a run is continued: its length, how often it logs and saves, how it is spread
+# over processes. Anything else (data, model, optimiser, batch, seed) makes it another run.
+RESUMABLE_CHANGES = {
+    "train.max_steps", "train.eval_every", "train.log_every", "train.save_every", "train.keep_checkpoints",
+    "train.eval_batch_size", "train.threads", "train.resume", "train.init_from", "train.overwrite",
+    "train.out_dir", "train.precision", "train.max_nonfinite_steps", "data.num_workers", "data.val", "device_ids",
+}
+
+
+def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / f"ckpt-{step:07d}.pt"
+
+
+def numbered_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every numbered checkpoint in `out_dir`, newest first."""
+    folder = Path(out_dir)
+    found = [(int(match.group(1)), path) for path in folder.glob("ckpt-*.pt")
+             if (match := CHECKPOINT_PATTERN.fullmatch(path.name))] if folder.is_dir() else []
+    return sorted(found, reverse=True)
+
+
+def find_latest_checkpoint(out_dir: str | Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest numbered checkpoint that loads, with its contents; unreadable ones are skipped with a warning."""
+    for step, path in numbered_checkpoints(out_dir):
+        try:
+            checkpoint = load_checkpoint(path)
+        except ValueError as error:
+            warn(f"warning: skipping {path}: {error}")
+            continue
+        if checkpoint.get("step") != step or "optimizer" not in checkpoint:
+            warn(f"warning: skipping {path}: not a training checkpoint of step {step}")
+            continue
+        return path, checkpoint
+    return None
+
+
+def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
+    for _, path in numbered_checkpoints(out_dir)[keep:]:
+        path.unlink(missing_ok=True)
+
+
+def point_last_at(checkpoint: Path) -> None:
+    """Make `last.pt` the same file as `checkpoint`, replacing the old one atomically."""
+    last = checkpoint.parent / "last.pt"
+    temporary = checkpoint.parent / ".last.pt.link"
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(checkpoint, temporary)
+    except OSError:  # a file system without hard links: copy
+        shutil.copyfile(checkpoint, temporary)
+    os.replace(temporary, last)
+
+
+def holds_a_run(out_dir: str | Path) -> bool:
+    folder = Path(out_dir)
+    return any((folder / name).exists() for name in RUN_FILES) or bool(numbered_checkpoints(folder))
+
+
+def config_differences(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for every key outside RESUMABLE_CHANGES whose value differs."""
+    differences = []
+    for key in sorted(set(previous) | set(current)):
+        full_key = f"{prefix}{key}"
+        old, new = previous.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differences += config_differences(old, new, prefix=f"{full_key}.")
+        elif old != new and full_key not in RESUMABLE_CHANGES:
+            differences.append(f"{full_key}: {old!r} -> {new!r}")
+    return differences
+
+
+def check_run_folder(config: Config) -> None:
+    """Refuse to start a run that would overwrite or mix with another run's checkpoints.
+
+    Reads files only, so every rank calls it before any process group exists and stops with the
+    same message.
+    """
+    out_dir = Path(config.train.out_dir)
+    resume = config.train.resume
+    if config.train.overwrite or not holds_a_run(out_dir):
+        return
+    if resume == "none":
+        raise ConfigError(
+            f"train.out_dir={out_dir} holds another run; continue it (train.resume=auto), pick a new "
+            f"train.out_dir, or set train.overwrite=true to delete its checkpoints and log")
+    saved = out_dir / "config.yaml"
+    previous = yaml.safe_load(saved.read_text(encoding="utf-8")) if saved.is_file() else None
+    if not isinstance(previous, dict):
+        raise ConfigError(f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
+                          f"train.out_dir or set train.overwrite=true")
+    differences = config_differences(previous, to_dict(config))
+    if differences:
+        raise ConfigError(
+            f"train.out_dir={out_dir} holds a run with another configuration:\n  " + "\n  ".join(differences)
+            + "\npick a new train.out_dir, change these back to continue that run, "
+            "or set train.overwrite=true to delete its checkpoints and log")
+
+
+def clear_run_folder(out_dir: str | Path) -> None:
+    """Delete what an earlier run wrote (train.overwrite=true): its checkpoints, config and log only."""
+    folder = Path(out_dir)
+    for _, path in numbered_checkpoints(folder):
+        path.unlink()
+    for name in RUN_FILES:
+        (folder / name).unlink(missing_ok=True)
