@@ -107,6 +107,14 @@ def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
     assert checkpoint["step"] == 6 and checkpoint["world_size"] == 1
 
 
+def test_resuming_from_weights_only_is_a_clear_error(ddp_run, synth, tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+                             f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / 'run'}", *TRAIN_OVERRIDES,
+                             f"train.resume={ddp_run / 'best.pt'}"],
+                            cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "holds weights only (best.pt?)" in result.stderr
+
+
 def test_ddp_training_survives_batches_emptied_by_undecodable_images(tmp_path):
     """14 of 16 images cannot be decoded: most per-rank batches of 2 end up empty, and both ranks
     still step together (an empty batch gives zero gradients instead of stopping DDP)."""
