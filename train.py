@@ -34,7 +34,7 @@ from utils.checkpoint import load_checkpoint, load_initial_weights, save_checkpo
 from utils.config import Config, ConfigError, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
-from utils.evaluate import build_eval_loader, evaluate
+from utils.evaluate import build_eval_loader, decode_samples, evaluate
 from utils.losses import ctc_losses
 from utils.metrics import summarize
 from utils.precision import autocast, resolve_precision
@@ -44,6 +44,7 @@ from utils.run_folder import (check_run_folder, checkpoint_path, clear_run_folde
                               point_last_at, prune_checkpoints)
 from utils.run_log import LogWindow, RunLog
 from utils.sync_batchnorm import convert_sync_batchnorm
+from utils.visualize import caption_grid
 
 
 class TrainingDiverged(RuntimeError):
@@ -60,7 +61,8 @@ def parse_args() -> argparse.Namespace:
 def build_train_loader(config: Config, codec: CTCCodec, datasets: list[LmdbDataset], env: DistEnv
                        ) -> tuple[DataLoader, GlobalBatchSampler]:
     dataset = ConcatDataset(datasets)
-    sampler = GlobalBatchSampler(len(dataset), config.train.batch_size, env.rank, env.world_size, config.train.seed)
+    sampler = GlobalBatchSampler([len(d) for d in datasets], config.train.batch_size, env.rank, env.world_size,
+                                 config.train.seed, config.data.train_ratios or None)
     if sampler.batches_per_epoch == 0:
         raise ValueError(f"data.train has {len(dataset)} usable samples: fewer than one global batch of "
                          f"{config.train.batch_size}; add data or lower train.batch_size")
@@ -162,6 +164,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
         log.drop_records_after(resume_from[1]["step"] if resume_from else 0)
+        if config.train.tensorboard:
+            log.start_tensorboard(first_step=resume_from[1]["step"] + 1 if resume_from else 0)
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
 
@@ -188,7 +192,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
     window = LogWindow(env.device)
-    step, epoch, position, best_accuracy = 0, 0, 0, -1.0
+    step, best_accuracy = 0, -1.0
     if resume_from:
         path, checkpoint = resume_from
         if "optimizer" not in checkpoint:
@@ -201,17 +205,15 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         scheduler.load_state_dict(checkpoint["scheduler"])
         scaler.load_state_dict(checkpoint["scaler"])
         step, best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
-        epoch, position = checkpoint["data_position"]["epoch"], checkpoint["data_position"]["position"]
-        if checkpoint["data_position"]["num_samples"] != sampler.num_samples:
-            log.info(f"warning: data.train now has {sampler.num_samples} usable samples, not "
-                     f"{checkpoint['data_position']['num_samples']}: continuing with a new epoch (not an exact resume)")
-            epoch, position = epoch + 1, 0
+        if checkpoint["data_sizes"] != sampler.sizes:
+            log.info(f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
+                     f"the batches from here on are not those the run would have seen (not an exact resume)")
         window.load_state_dict(checkpoint["log_window"], env.is_main)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        log.info(f"resumed from {path} at step {step} (epoch {epoch}, batch {position} of {sampler.batches_per_epoch}); "
+        log.info(f"resumed from {path} at step {step} (epoch {step // sampler.batches_per_epoch}); "
                  f"torchrun restart {restart}")
     elif config.train.init_from:
-        log.info(load_initial_weights(model, config.train.init_from))
+        log.info(load_initial_weights(model, config.train.init_from, codec.alphabet))
     unwrapped = model  # saved and evaluated: never the DDP wrapper, so checkpoints carry no `module.`
     if env.distributed:
         model = DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
@@ -238,7 +240,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
             save_checkpoint(path, {
                 **model_only(None), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
-                "data_position": {"epoch": epoch, "position": position, "num_samples": sampler.num_samples},
+                "data_sizes": sampler.sizes,
             })
             point_last_at(path)
             prune_checkpoints(out_dir, config.train.keep_checkpoints)
@@ -256,13 +258,13 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     model.train()
     log.start_progress(total=config.train.max_steps, initial=step)
     skipped_in_a_row = 0
-    while step < config.train.max_steps:
-        sampler.set_position(epoch, position)
+    sampler.set_steps(step, config.train.max_steps)  # the batches depend on the step alone
+    try:
         for batch in train_loader:
             loss, infinite, taken = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device,
                                                precision, memory_format)
             scheduler.step()
-            step, position = step + 1, position + 1
+            step += 1
             window.add(loss if taken else None, infinite, batch.num_dropped, len(batch.labels))
             skipped_in_a_row = 0 if taken else skipped_in_a_row + 1
             if not taken:
@@ -275,7 +277,10 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
                         f"are in {out_dir}")
 
             if step % config.train.log_every == 0 or step == config.train.max_steps:
-                record = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], **window.record(env.world_size)}
+                window_steps = range((step - 1) // config.train.log_every * config.train.log_every, step)
+                drawn = sampler.drawn_per_dataset(window_steps)  # from the step alone: exact after a resume too
+                record = {"step": step, "epoch": step // sampler.batches_per_epoch, "lr": scheduler.get_last_lr()[0],
+                          **window.record(env.world_size), "drawn": dict(zip(config.data.train, drawn))}
                 log.metrics(record)
                 log.advance({"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"})
             else:
@@ -293,6 +298,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
                     log.info(f"step {step} val {root}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                                      for k, v in result.items()))
                     log.metrics({"step": step, "val": root, **result})
+                if log.board is not None and val_sets:
+                    log.image("val/samples", step, caption_grid(decode_samples(unwrapped, val_sets[0], codec, env.device)))
                 if accuracy > best_accuracy and env.is_main:
                     save_checkpoint(out_dir / "best.pt", model_only(accuracy))
                 best_accuracy = max(best_accuracy, accuracy)
@@ -304,11 +311,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
                 window.restart_clock()
                 if signum:
                     raise StopRequested(signum, step, str(saved))
-            if step >= config.train.max_steps:
-                break
-        else:
-            epoch, position = epoch + 1, 0
-    log.close()
+    finally:
+        log.close()  # flushes TensorBoard, also when stopped by a signal
     log.info(f"done: step {step}, best val accuracy {best_accuracy:.4f}; checkpoints in {out_dir}")
 
 

@@ -33,6 +33,10 @@ class CTCCodec:
         """The label as the model is trained to read it (lowercased when folding case)."""
         return label.lower() if self.fold_case else label
 
+    def remove_unknown(self, label: str) -> str:
+        """`label` without the characters the model cannot emit (the benchmarks' evaluation protocol)."""
+        return "".join(char for char in label if char in self.index)
+
     def unknown_characters(self, label: str) -> set[str]:
         return {char for char in label if char not in self.index}
 

@@ -87,6 +87,7 @@ class FilterReport:
     present: int = 0  # indices holding a label or an image: fewer than `total` when keys are missing
     dropped: Counter = field(default_factory=Counter)
     unknown_characters: Counter = field(default_factory=Counter)
+    shortened: int = 0  # labels kept without their characters outside the alphabet (remove_unknown)
 
     def summary(self) -> str:
         reasons = ", ".join(f"{self.dropped[reason]} {reason}" for reason in DROP_REASONS if self.dropped[reason])
@@ -94,18 +95,22 @@ class FilterReport:
         if self.present < self.total:
             line += (f"\n  num-samples is {self.total} but only {self.present} samples exist: the LMDB was cut short"
                      " or num-samples is wrong (scripts/create_lmdb.py writes it)")
+        if self.shortened:
+            line += f"\n  {self.shortened} labels lost characters outside the alphabet (removed, not dropped)"
         if self.unknown_characters:
             common = " ".join(f"{char!r}x{n}" for char, n in self.unknown_characters.most_common(10))
             line += f"\n  characters outside the alphabet (most common): {common}"
         return line
 
 
-def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int) -> tuple[np.ndarray, FilterReport]:
+def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False
+                ) -> tuple[np.ndarray, FilterReport]:
     """Read every label once; return the indices (1-based) of the usable samples and a report.
 
     A sample is usable when its image key exists (it is not decoded here) and its label is non-empty,
     every character is in the alphabet, and CTC can align it to `max_frames` frames (a repeated
-    character needs a blank between its two frames).
+    character needs a blank between its two frames). With `remove_unknown`, characters outside the
+    alphabet are removed from a label instead of dropping it, as the benchmarks' protocol does.
     """
     # buffers=True: values come back as views into the memory map, so looking up an image key to see
     # that it exists reads no image bytes.
@@ -125,6 +130,10 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int) -> tuple[np.
                 reason = "missing image"
             else:
                 unknown = codec.unknown_characters(label)
+                if unknown and remove_unknown:
+                    report.unknown_characters.update(char for char in label if char in unknown)
+                    report.shortened += 1
+                    label, unknown = codec.remove_unknown(label), set()
                 if not label:
                     reason = "empty label"
                 elif unknown:
@@ -148,11 +157,13 @@ class LmdbDataset(Dataset):
     worker, forked or spawned), once per process however many datasets read it.
     """
 
-    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: Callable[[bytes], Tensor]) -> None:
+    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: Callable[[bytes], Tensor],
+                 remove_unknown: bool = False) -> None:
         self.root = str(root)
         self.codec = codec
         self.transform = transform
-        self.indices, self.report = scan_labels(root, codec, max_frames)
+        self.remove_unknown = remove_unknown
+        self.indices, self.report = scan_labels(root, codec, max_frames, remove_unknown)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -169,7 +180,8 @@ class LmdbDataset(Dataset):
             image = self.transform(image_bytes)
         except Exception:  # any decoding failure: the collate function drops and counts the sample
             return None
-        return image, self.codec.normalize(label)
+        label = self.codec.normalize(label)
+        return image, self.codec.remove_unknown(label) if self.remove_unknown else label
 
 
 @dataclass

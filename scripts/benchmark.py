@@ -18,7 +18,6 @@ Speed depends on everything else running on the machine: measure on an idle one.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import resource
 import sys
@@ -140,7 +139,8 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
 
-    batches = itertools.cycle(loader)  # the loader's workers stay up across the measurements
+    sampler.set_steps(0, 10**9)  # as many batches as the measurements take, from one pass of the loader
+    batches = iter(loader)
     first = next(batches)
     images_in_memory = first.images.to(env.device, memory_format=memory_format)
     forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)

@@ -2,28 +2,57 @@
 
     scripts/eval.sh runs/crnn/best.pt datasets/synth/val [more LMDBs ...] [--json results.json]
     NPROC=2 scripts/eval.sh runs/crnn/best.pt datasets/synth/val      # 2 processes, same numbers
+    scripts/eval.sh best.pt benchmarks/*/ --dump predictions.tsv --errors misreads.png
 
 Every sample is evaluated exactly once whatever the number of processes, and the metrics are sums
-of integers, so the results do not depend on NPROC or the batch size.
+of integers, so the results do not depend on NPROC or the batch size. Folders named after a standard
+benchmark (IIIT5k_3000, SVT, ..., in any case) are shown under its conventional name, first, in the
+conventional order.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from PIL import Image
+from torch.utils.data import Dataset
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from data.lmdb_dataset import LmdbDataset  # noqa: E402
+from data.lmdb_dataset import DROP_REASONS, Batch, CollateBatch, LmdbDataset, open_lmdb, shared_lmdb  # noqa: E402
 from data.transforms import ImageTransform  # noqa: E402
 from models import output_frames  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
-from utils.distributed import cleanup_distributed, setup_distributed  # noqa: E402
+from utils.distributed import cleanup_distributed, gather_objects, setup_distributed  # noqa: E402
 from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
-from utils.metrics import COUNT_KEYS, summarize  # noqa: E402
+from utils.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize  # noqa: E402
 from utils.precision import resolve_precision  # noqa: E402
+from utils.visualize import caption_grid  # noqa: E402
+
+# The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
+BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_1015", "IC15_1811", "IC15_2077",
+              "SVTP", "CUTE80")
+COMBINED = "combined (weighted by samples)"
+MODE_HELP = {
+    "exact": "prediction and label compared as they are",
+    "ignore_case": "prediction and label compared lowercased",
+    "ignore_case_symbols": "case-insensitive alphanumeric, the benchmark protocol for 36-class models"
+                           " (symbols the alphabet holds are compared too)",
+}
+DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,19 +61,135 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--batch-size", type=int, default=256, help="per process (default 256)")
+    parser.add_argument("--metric-mode", default="ignore_case_symbols", choices=METRIC_MODES,
+                        help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
+                             " correct column and --errors (default ignore_case_symbols, the benchmark protocol)")
+    parser.add_argument("--dump", type=Path, metavar="PATH.tsv", help="write every prediction to this TSV file")
+    parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
+    parser.add_argument("--errors-count", type=positive_int, default=32, metavar="N",
+                        help="misreads in the --errors grid (default 32)")
+    parser.add_argument("--unknown-characters", default="remove", choices=["remove", "drop"],
+                        help="labels with characters the model cannot emit: remove those characters and score the "
+                             "rest (the benchmarks' protocol, default), or leave the sample out")
+    parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")
     parser.add_argument("--workers", type=int, default=2, help="data-loader workers per process")
     parser.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
     return parser.parse_args()
 
 
-def format_row(name: str, metrics: dict) -> str:
-    return (f"{name:<32} {metrics['samples']:>8} {100 * metrics['accuracy']:>8.2f} {100 * metrics['accuracy_ignore_case']:>8.2f}"
-            f" {100 * metrics['cer']:>7.2f} {metrics['one_minus_ned']:>7.4f}")
+def check_args(args: argparse.Namespace) -> None:
+    """Fail on what the command line alone shows to be wrong, before a set is evaluated."""
+    if not Path(args.checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
+    for root in args.lmdbs:
+        open_lmdb(root).close()  # the dataset's own errors for a missing folder or one that is no LMDB
+    real = [os.path.realpath(root) for root in args.lmdbs]
+    for root in args.lmdbs:
+        if real.count(os.path.realpath(root)) > 1:
+            raise ValueError(f"LMDB {root} is listed twice")
+    for option, path in (("--dump", args.dump), ("--errors", args.errors)):
+        if path is not None and path.is_dir():
+            raise ValueError(f"{option} {path} is a folder; give a file name")
+        if path is not None and not path.parent.is_dir():
+            raise FileNotFoundError(f"{option} {path}: folder {path.parent} does not exist")
+    if args.errors is not None and args.errors.suffix.lower() != ".png":
+        raise ValueError(f"--errors {args.errors}: the grid is written as a PNG image; give a path ending in .png")
+
+
+def set_names(roots: list[str]) -> list[str]:
+    """A benchmark's conventional name, else the folder's name; the path where two names would clash."""
+    conventional = {name.lower(): name for name in BENCHMARKS}
+    folders = [Path(os.path.abspath(root)).name for root in roots]  # abspath: "SVT/" and "." have names too
+    names = [conventional.get(folder.lower(), folder) for folder in folders]
+    return [str(root) if names.count(name) > 1 else name for root, name in zip(roots, names)]
+
+
+def benchmark_order(name: str) -> int:
+    return BENCHMARKS.index(name) if name in BENCHMARKS else len(BENCHMARKS)
+
+
+class IndexedSamples(Dataset):
+    """The samples of an LmdbDataset, each with its LMDB index (1-based) for the --dump file."""
+
+    def __init__(self, dataset: LmdbDataset) -> None:
+        self.dataset = dataset
+        self.transform = dataset.transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, position: int) -> tuple[int, object]:
+        return int(self.dataset.indices[position]), self.dataset[position]
+
+
+class CollateWithIndices(CollateBatch):
+    """CollateBatch, plus `batch.indices`: the LMDB index of each sample it keeps."""
+
+    def __call__(self, samples: list[tuple[int, object]]) -> Batch:
+        batch = super().__call__([sample for _, sample in samples])
+        batch.indices = [index for index, sample in samples if sample is not None]
+        return batch
+
+
+def format_row(name: str, width: int, metrics: dict, in_lmdb: int) -> str:
+    return (f"{name:<{width}} {metrics['samples']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
+            f" {metrics['one_minus_ned']:>7.4f} {100 * metrics['char_precision']:>8.2f}"
+            f" {100 * metrics['char_recall']:>8.2f} {100 * metrics['cer']:>7.2f} {metrics['mean_confidence']:>6.3f}")
+
+
+def print_table(sets: list[dict], combined: dict, mode: str) -> None:
+    width = max(len(COMBINED), *(len(row["name"]) for row in sets))
+    print(f"metric mode {mode}: {MODE_HELP[mode]}")
+    print(f"{'set':<{width}} {'evaluated':>9} {'in LMDB':>8} {'acc %':>7} {'1-NED':>7} {'char P %':>8} {'char R %':>8}"
+          f" {'CER %':>7} {'conf':>6}")
+    for row in sets:
+        print(format_row(row["name"], width, row, row["in_lmdb"]))
+        skipped = row["in_lmdb"] - row["samples"]
+        if skipped:
+            reasons = [(reason, row["dropped"].get(reason, 0)) for reason in DROP_REASONS]
+            reasons.append(("undecodable image", row["undecodable_images"]))
+            print(f"{'':<4}{skipped} of {row['in_lmdb']} not evaluated: "
+                  + ", ".join(f"{n} {reason}" for reason, n in reasons if n))
+        if row["labels_shortened"]:
+            print(f"{'':<4}{row['labels_shortened']} labels scored without their characters outside the alphabet")
+    print(format_row(COMBINED, width, combined, combined["in_lmdb"]))
+    print("accuracy % by metric mode, combined: "
+          + ", ".join(f"{each} {100 * combined[f'accuracy_{each}']:.2f}" for each in METRIC_MODES))
+
+
+def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str) -> None:
+    """One TSV line per evaluated sample, in set and LMDB-index order; `correct` under `mode`."""
+    with path.open("w", encoding="utf-8", newline="") as file:
+        writer = csv.writer(file, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
+        writer.writerow(DUMP_COLUMNS)
+        for row, records in zip(sets, predictions):
+            for index, label, prediction, confidence in records:
+                correct = compared_form(prediction, mode, alphabet) == compared_form(label, mode, alphabet)
+                writer.writerow([row["name"], index, label, prediction, f"{confidence:.4f}", int(correct)])
+
+
+def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str,
+                count: int) -> int:
+    """A grid of the `count` most confident misreads under `mode` (the most misleading ones); returns how many."""
+    misreads = [(-confidence, position, index, label, prediction)
+                for position, records in enumerate(predictions)
+                for index, label, prediction, confidence in records
+                if compared_form(prediction, mode, alphabet) != compared_form(label, mode, alphabet)]
+    misreads = sorted(misreads)[:count]
+    cells = []
+    for negative_confidence, position, index, label, prediction in misreads:
+        with shared_lmdb(sets[position]["path"]).begin() as txn:
+            image = Image.open(io.BytesIO(txn.get(b"image-%09d" % index))).convert("RGB")
+        cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"),
+                              (f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}", "dimgray")]))
+    grid = caption_grid(cells, empty_note=f"no misreads under {mode}")
+    grid.save(path)
+    return len(misreads)
 
 
 def main() -> None:
     args = parse_args()
+    check_args(args)
     config = load_config(args.config, []) if args.config else None
     env = setup_distributed(device_ids=[])
     try:
@@ -53,29 +198,46 @@ def main() -> None:
         data = config.data
         transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
         frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
-        sets, combined = [], dict.fromkeys(COUNT_KEYS, 0)
+        roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
+        keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
+        sets, combined, predictions = [], new_counts(), []
         start = time.perf_counter()
-        for root in args.lmdbs:
-            dataset = LmdbDataset(root, codec, frames, transform)
-            loader = build_eval_loader(dataset, codec, args.batch_size, args.workers, env)
-            counts = evaluate(model, loader, codec, env, precision)
+        for name, root in roots:
+            dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove")
+            loader = build_eval_loader(IndexedSamples(dataset), codec, args.batch_size, args.workers, env,
+                                       CollateWithIndices(codec, transform.output_shape))
+            records = []  # (LMDB index, label, prediction, confidence) of this process's shard
+
+            def keep(batch: Batch, texts: list[str], confidences: list[float]) -> None:
+                records.extend(zip(batch.indices, batch.labels, texts, confidences))
+
+            counts = evaluate(model, loader, codec, env, precision, on_batch=keep if keep_predictions else None)
             for key in COUNT_KEYS:
                 combined[key] += counts[key]
-            sets.append({"name": Path(root).name, "path": str(root), **summarize(counts), "in_lmdb": dataset.report.total,
-                         "dropped": dict(dataset.report.dropped), "undecodable_images": counts["dropped"]})
+            predictions.append(records)
+            sets.append({"name": name, "path": str(root), **summarize(counts, args.metric_mode),
+                         "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
+                         "labels_shortened": dataset.report.shortened,
+                         "undecodable_images": counts["dropped"]})
         seconds = time.perf_counter() - start
+        # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
+        shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
         if env.is_main:
-            results = {"checkpoint": str(args.checkpoint), "sets": sets, "combined": summarize(combined)}
-            print(f"{'set':<32} {'samples':>8} {'acc %':>8} {'acc-ci %':>8} {'CER %':>7} {'1-NED':>7}")
-            for row in sets:
-                print(format_row(row["name"], row))
-                skipped = row["in_lmdb"] - row["samples"]
-                if skipped:
-                    reasons = {**row["dropped"], "undecodable image": row["undecodable_images"]}
-                    print(f"{'':<4}{skipped} of {row['in_lmdb']} not evaluated: "
-                          + ", ".join(f"{n} {reason}" for reason, n in reasons.items() if n))
-            print(format_row("combined (weighted by samples)", results["combined"]))
-            print(f"{results['combined']['samples'] / seconds:.0f} images/s on {env.world_size} process(es), {env.device.type}")
+            in_lmdb = sum(row["in_lmdb"] for row in sets)
+            results = {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "sets": sets,
+                       "combined": {**summarize(combined, args.metric_mode), "in_lmdb": in_lmdb}}
+            print_table(sets, results["combined"], args.metric_mode)
+            print(f"{results['combined']['samples'] / seconds:.0f} images/s on {env.world_size} process(es),"
+                  f" {env.device.type}")
+            if keep_predictions:  # each set's records from every process, in LMDB-index order
+                merged = [sorted(record for shard in shards for record in shard[position])
+                          for position in range(len(sets))]
+            if args.dump:
+                write_dump(args.dump, sets, merged, args.metric_mode, codec.alphabet)
+                print(f"predictions: {args.dump}")
+            if args.errors:
+                shown = draw_errors(args.errors, sets, merged, args.metric_mode, codec.alphabet, args.errors_count)
+                print(f"{shown} most confident misreads ({args.metric_mode}): {args.errors}")
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

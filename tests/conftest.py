@@ -37,6 +37,18 @@ def synth(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_run(synth, tmp_path_factory) -> Path:
+    """A run folder of a 4-step CPU run with a small LSTM (about 10 s): real best.pt and last.pt for the
+    tools that read checkpoints."""
+    out_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+                    f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.max_steps=4", "train.batch_size=8",
+                    "train.eval_every=4", "train.log_every=4", "model.hidden_size=32", "data.num_workers=0",
+                    "train.precision=fp32"], cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
+    return out_dir
+
+
 def _join_and_run(rank: int, store: str, target, args: tuple, results) -> None:
     import torch
     import torch.distributed as dist

@@ -69,6 +69,23 @@ def test_init_from_reinitialises_a_classifier_of_another_shape(tmp_path):
     torch.testing.assert_close(target.backbone[0].weight, source.backbone[0].weight)
 
 
+def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    source = small_model("abcxyz")
+    save_checkpoint(path, {"model": source.state_dict(), "alphabet": "abcxyz"})
+    torch.manual_seed(1)
+    target = build_model("crnn", len("zqa") + 1, 1, 32)
+    fresh_q = target.sequence[1].linear.weight[2].clone()
+    report = load_initial_weights(target, path, alphabet="zqa")
+    assert "sequence.1.linear.weight: rows of the blank and 2 shared characters copied, 1 new characters fresh" in report
+    assert "re-initialised" not in report
+    new, old = target.sequence[1].linear, source.sequence[1].linear
+    for new_row, old_row in [(0, 0), (1, 6), (3, 1)]:  # blank; z: 6th of abcxyz; a: 1st
+        torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
+        torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
+    torch.testing.assert_close(new.weight[2], fresh_q)  # q is new: left as initialised
+
+
 def test_refuses_pickles_that_could_run_code(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "args": argparse.Namespace(lr=1.0)}, path)  # an object, not plain data

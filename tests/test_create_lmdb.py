@@ -1,7 +1,6 @@
 """scripts/create_lmdb.py on a real folder of good and bad images, run as a real process."""
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 from pathlib import Path

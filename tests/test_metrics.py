@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from utils.metrics import new_counts, summarize, update_counts
+from utils.metrics import lcs_length, new_counts, summarize, update_counts
 
 
 def test_metrics_on_hand_computed_examples():
@@ -11,7 +13,7 @@ def test_metrics_on_hand_computed_examples():
     labels = ["hello", "word", "abcd", "xy"]
     update_counts(counts, predictions, labels)
     # edit distances: 0, 1 (W/w), 1 (missing c), 2 (both missing); label chars 5 + 4 + 4 + 2 = 15
-    assert counts["edit_distance"] == 4 and counts["label_chars"] == 15
+    assert counts["edit_distance_exact"] == 4 and counts["label_chars_exact"] == 15
     metrics = summarize(counts)
     assert metrics["samples"] == 4
     assert metrics["accuracy"] == pytest.approx(1 / 4)
@@ -19,6 +21,25 @@ def test_metrics_on_hand_computed_examples():
     assert metrics["cer"] == pytest.approx(4 / 15)
     # 1-NED per sample: 1, 1 - 1/4, 1 - 1/4, 0
     assert metrics["one_minus_ned"] == pytest.approx((1 + 0.75 + 0.75 + 0) / 4, abs=1e-9)
+    # matched characters (LCS): 5 + 3 (ord) + 3 + 0, of 5 + 4 + 3 + 0 predicted and 15 label characters
+    assert metrics["char_precision"] == 11 / 12 and metrics["char_recall"] == 11 / 15
+
+
+def lcs_by_table(first: str, second: str) -> int:
+    table = [[0] * (len(second) + 1) for _ in range(len(first) + 1)]
+    for i, a in enumerate(first):
+        for j, b in enumerate(second):
+            table[i + 1][j + 1] = table[i][j] + 1 if a == b else max(table[i][j + 1], table[i + 1][j])
+    return table[-1][-1]
+
+
+def test_bit_parallel_lcs_equals_the_textbook_table():
+    rng = random.Random(0)
+    pairs = [("", ""), ("abc", ""), ("", "abc"), ("abcbdab", "bdcaba"), ("aaaa", "aa"), ("中文字", "文中字")]
+    pairs += [("".join(rng.choices("abc", k=rng.randint(0, 70))), "".join(rng.choices("abc", k=rng.randint(0, 70))))
+              for _ in range(300)]
+    for first, second in pairs:
+        assert lcs_length(first, second) == lcs_by_table(first, second) == lcs_length(second, first), (first, second)
 
 
 def test_sums_from_shards_equal_the_whole():

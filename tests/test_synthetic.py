@@ -58,3 +58,65 @@ def test_other_seed_other_samples(seed0, tmp_path):
     generate(tmp_path / "synth", seed=1, workers=2)
     other, same = read_lmdb(tmp_path / "synth" / "train"), read_lmdb(seed0 / "train")
     assert all(other_image != image for (other_image, _), (image, _) in zip(other, same))
+
+
+def fontconfig_font(family: str) -> Path | None:
+    """The file of a font of `family` (its plain style) as fontconfig lists it, or None."""
+    try:
+        listing = subprocess.run(["fc-list", f"{family}:style=Book", "file"], capture_output=True, text=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    files = sorted(line.rstrip(": ") for line in listing.splitlines() if line.strip())
+    return Path(files[0]) if files else None
+
+
+@pytest.fixture(scope="module")
+def words_and_fonts(tmp_path_factory) -> tuple[Path, Path]:
+    font = fontconfig_font("DejaVu Sans")
+    if font is None:
+        pytest.skip("fontconfig lists no DejaVu Sans")
+    folder = tmp_path_factory.mktemp("inputs")
+    (folder / "fonts").mkdir()
+    (folder / "fonts" / font.name).symlink_to(font)
+    (folder / "fonts" / "notes.txt").write_text("not a font: ignored\n")
+    # Two words hold characters outside the default alphabet; blank lines are not words; ends are stripped.
+    (folder / "words.txt").write_text("hello\nworld\n\nStraße\nab#c\n  crnn  \n42\n", encoding="utf-8")
+    return folder / "words.txt", folder / "fonts"
+
+
+def generate_words(out: Path, words: Path, fonts: Path, workers: int) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), "--out", str(out), "--train", "24", "--val", "6", "--seed", "3",
+               "--workers", str(workers), "--words", str(words), "--fonts", str(fonts)]
+    return subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=120)
+
+
+def test_words_and_fonts_give_labels_from_the_list(words_and_fonts, tmp_path):
+    words, fonts = words_and_fonts
+    result = generate_words(tmp_path / "synth", words, fonts, workers=2)
+    assert result.returncode == 0, result.stderr
+    assert "1 fonts in" in result.stdout
+    assert "words: kept 4 of 6" in result.stdout
+    assert "skipped 2: 2 with characters outside the alphabet" in result.stdout
+    labels = [label for split in ("train", "val") for _, label in read_lmdb(tmp_path / "synth" / split)]
+    assert len(labels) == 30 and set(labels) <= {"hello", "world", "crnn", "42"}
+    assert len(set(labels)) > 1
+    # The word list and the font checks are cached in the main process and inherited by the workers:
+    # one worker or two, the same bytes.
+    again = generate_words(tmp_path / "again", words, fonts, workers=1)
+    assert again.returncode == 0, again.stderr
+    for split in ("train", "val"):
+        assert read_lmdb(tmp_path / "again" / split) == read_lmdb(tmp_path / "synth" / split)
+
+
+def test_words_and_fonts_errors(words_and_fonts, tmp_path):
+    words, fonts = words_and_fonts
+    missing_fonts = generate_words(tmp_path / "a", words, tmp_path / "no-such-folder", workers=1)
+    assert missing_fonts.returncode != 0 and "--fonts: font folder" in missing_fonts.stderr
+    (tmp_path / "empty").mkdir()
+    no_fonts = generate_words(tmp_path / "b", words, tmp_path / "empty", workers=1)
+    assert no_fonts.returncode != 0 and "holds no .ttf, .otf or .ttc file" in no_fonts.stderr
+    (tmp_path / "unusable.txt").write_text("ÄÖÜ\n#\n", encoding="utf-8")
+    no_words = generate_words(tmp_path / "c", tmp_path / "unusable.txt", fonts, workers=1)
+    assert no_words.returncode != 0 and "no word of" in no_words.stderr
+    assert not (tmp_path / "c").exists()

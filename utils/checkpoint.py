@@ -101,20 +101,36 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", config: Con
     return model.to(device).eval(), codec, config
 
 
-def load_initial_weights(model: nn.Module, path: str | Path) -> str:
+def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str | None = None) -> str:
     """Copy every tensor of `path` whose name and shape match into `model`; report what happened.
 
-    Used by `train.init_from`: a classifier for another alphabet has another shape, so it keeps its
-    fresh initialisation and the report says so.
+    Used by `train.init_from`. When the checkpoint was trained for another alphabet, the classifier
+    rows of the characters both alphabets share (and of the CTC blank) are copied to their new
+    places, and the rows of new characters keep their fresh initialisation.
     """
-    source = load_checkpoint(path)["model"]
-    target = model.state_dict()
+    checkpoint = load_checkpoint(path)
+    source, target = checkpoint["model"], model.state_dict()
     loaded = {key: value for key, value in source.items() if key in target and target[key].shape == value.shape}
+    lines = []
+    old_alphabet = checkpoint.get("alphabet")
+    if alphabet and old_alphabet and old_alphabet != alphabet:
+        # Tensors with one row per class (blank first): the classifier's weight and bias.
+        old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
+        mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
+        for key, value in source.items():
+            if (key in target and key not in loaded and value.shape[0] == len(old_alphabet) + 1
+                    and target[key].shape == (len(alphabet) + 1, *value.shape[1:])):
+                mapped = target[key].clone()
+                for new, old in mapping:
+                    mapped[new] = value[old]
+                loaded[key] = mapped
+                lines.append(f"  {key}: rows of the blank and {len(mapping) - 1} shared characters copied, "
+                             f"{len(alphabet) + 1 - len(mapping)} new characters fresh")
     reinitialised = sorted(key for key in source if key in target and key not in loaded)
     unexpected = sorted(key for key in source if key not in target)
     missing = sorted(key for key in target if key not in source)
     model.load_state_dict(loaded, strict=False)
-    lines = [f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors"]
+    lines.insert(0, f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors")
     if reinitialised:
         lines.append(f"  re-initialised (shape differs): {', '.join(reinitialised)}")
     if missing:

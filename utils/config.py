@@ -22,6 +22,9 @@ CONFIG_DIR = REPO_ROOT / "configs"
 class DataConfig:
     train: list[str] = field(default_factory=lambda: ["datasets/synth/train"])  # LMDB folders
     val: list[str] = field(default_factory=lambda: ["datasets/synth/val"])
+    # Share of each global batch drawn from each data.train entry, e.g. [0.5, 0.5] for MJSynth +
+    # SynthText; empty: one shuffle of all of them together (each in proportion to its size).
+    train_ratios: list[float] = field(default_factory=list)
     # The characters the model reads: the characters themselves, or a .txt file with one per line.
     alphabet: str = "0123456789abcdefghijklmnopqrstuvwxyz"
     fold_case: bool = True  # lowercase labels before encoding (for a case-insensitive alphabet)
@@ -64,6 +67,7 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
     channels_last: bool = True
+    tensorboard: bool = True  # scalars and decoded validation samples in out_dir/tensorboard (rank 0)
     threads: int = 0  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
     save_every: int = 250  # steps between full checkpoints (also written at the end and when stopped)
     keep_checkpoints: int = 3  # the newest K numbered checkpoints are kept; best.pt is kept apart
@@ -222,6 +226,10 @@ def validate(config: Config) -> None:
         raise ConfigError(f"data.num_workers must be 0 or more, got {config.data.num_workers}")
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
+    ratios = config.data.train_ratios
+    if ratios and (len(ratios) != len(config.data.train) or min(ratios) < 0 or sum(ratios) <= 0):
+        raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
+                          f"({len(config.data.train)}), not all 0")
     if not config.train.resume:
         raise ConfigError("train.resume is empty: use auto, none, or the path of a checkpoint")
     if config.train.resume not in ("auto", "none") and config.train.init_from:

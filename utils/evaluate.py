@@ -1,27 +1,33 @@
 """Evaluation on all processes: each rank reads its own shard, the metric sums are added up."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
-from data.lmdb_dataset import CollateBatch, LmdbDataset
+from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
 from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
 from utils.losses import ctc_losses
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from utils.precision import autocast
 from utils.preemption import ignore_stop_signals
+from utils.visualize import tensor_to_image
 
 
-def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, num_workers: int, env: DistEnv) -> DataLoader:
-    """A loader over this rank's exact shard of `dataset` (no padding, no repeats)."""
+def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, num_workers: int, env: DistEnv,
+                      collate_fn: Callable[[list], Batch] | None = None) -> DataLoader:
+    """A loader over this rank's exact shard of `dataset` (no padding, no repeats); `collate_fn`
+    replaces CollateBatch (scripts/eval.py's keeps each sample's LMDB index)."""
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=ShardSampler(len(dataset), env.rank, env.world_size),
         num_workers=num_workers,
-        collate_fn=CollateBatch(codec, dataset.transform.output_shape),
+        collate_fn=collate_fn or CollateBatch(codec, dataset.transform.output_shape),
         pin_memory=env.device.type == "cuda",
         persistent_workers=num_workers > 0,
         worker_init_fn=ignore_stop_signals,
@@ -30,11 +36,14 @@ def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, nu
 
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv, precision: str,
-             channels_last: bool = False) -> dict[str, int]:
+             channels_last: bool = False,
+             on_batch: Callable[[Batch, list[str], list[float]], None] | None = None) -> dict[str, int]:
     """Metric sums over the whole dataset behind `loader`, identical on every rank.
 
     `model` must be the unwrapped module: a forward through DDP would start collectives that ranks
     with shards of different lengths cannot all join. Undecodable images are counted in `dropped`.
+    `on_batch(batch, predictions, confidences)`, if given, sees this rank's predictions batch by batch
+    (scripts/eval.py keeps them for --dump and --errors).
     """
     was_training = model.training
     model.eval()
@@ -48,12 +57,32 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
         images = batch.images.to(env.device, non_blocking=True, memory_format=memory_format)
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
-        predictions, confidences = zip(*codec.decode(logits))
+        predictions, confidences = map(list, zip(*codec.decode(logits)))
         losses, _ = ctc_losses(logits, batch, env.device, count_infinite=False)
-        update_counts(counts, list(predictions), batch.labels, list(confidences), losses.tolist())
+        update_counts(counts, predictions, batch.labels, confidences, losses.tolist(), codec.alphabet)
+        if on_batch is not None:
+            on_batch(batch, predictions, confidences)
     model.train(was_training)
     totals = counts_to_tensor(counts)
     totals = all_reduce_sum(torch.cat([totals, torch.tensor([dropped])]))
     result = tensor_to_counts(totals[:-1])
     result["dropped"] = int(totals[-1])
     return result
+
+
+@torch.inference_mode()
+def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, device: torch.device,
+                   count: int = 8) -> list[tuple[Image.Image, list[tuple[str, str]]]]:
+    """The first `count` decodable samples of `dataset` with their label and the model's reading,
+    as cells for utils.visualize.caption_grid."""
+    was_training = model.training
+    model.eval()
+    samples = [sample for sample in (dataset[i] for i in range(min(len(dataset), 4 * count))) if sample is not None][:count]
+    cells = []
+    if samples:
+        logits = model(torch.stack([image for image, _ in samples]).to(device))
+        for (image, label), (text, confidence) in zip(samples, codec.decode(logits)):
+            cells.append((tensor_to_image(image), [(f"label: {label}", "black"),
+                                                   (f"read: {text}  ({confidence:.2f})", "black" if text == label else "firebrick")]))
+    model.train(was_training)
+    return cells

@@ -20,13 +20,13 @@ from utils.checkpoint import load_checkpoint
 from utils.config import Config, ConfigError, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
-RUN_FILES = ("config.yaml", "last.pt", "best.pt", "metrics.jsonl")
+RUN_FILES = ("config.yaml", "last.pt", "best.pt", "metrics.jsonl", "tensorboard")
 # What may change when a run is continued: its length, how often it logs and saves, how it is spread
 # over processes. Anything else (data, model, optimiser, batch, seed) makes it another run.
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.eval_every", "train.log_every", "train.save_every", "train.keep_checkpoints",
     "train.eval_batch_size", "train.threads", "train.resume", "train.init_from", "train.overwrite",
-    "train.out_dir", "train.precision", "train.max_nonfinite_steps", "data.num_workers", "data.val", "device_ids",
+    "train.out_dir", "train.precision", "train.tensorboard", "train.max_nonfinite_steps", "data.num_workers", "data.val", "device_ids",
 }
 
 
@@ -125,4 +125,8 @@ def clear_run_folder(out_dir: str | Path) -> None:
     for _, path in numbered_checkpoints(folder):
         path.unlink()
     for name in RUN_FILES:
-        (folder / name).unlink(missing_ok=True)
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""The run's output: messages, a JSON-lines metrics log and a progress bar, from rank 0 only.
+"""The run's output: messages, a JSON-lines metrics log, TensorBoard and a progress bar, from rank 0 only.
 
 Other ranks get a RunLog that does nothing, so call sites need no `if rank == 0`.
 """
@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from tqdm import tqdm
 
 from utils.distributed import all_reduce_sum
@@ -20,17 +22,36 @@ class RunLog:
     def __init__(self, out_dir: str | Path | None) -> None:
         """`out_dir=None` makes a silent log (every rank but 0)."""
         self.enabled = out_dir is not None
-        self.metrics_path = Path(out_dir) / "metrics.jsonl" if out_dir is not None else None
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.metrics_path = self.out_dir / "metrics.jsonl" if self.out_dir is not None else None
         self.bar: tqdm | None = None
+        self.board = None
+
+    def start_tensorboard(self, first_step: int) -> None:
+        """Write TensorBoard events too; those a dead run wrote from `first_step` on are dropped."""
+        if self.out_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
+
+            self.board = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=first_step)
 
     def info(self, message: str) -> None:
         if self.enabled:
             tqdm.write(message)  # prints above the progress bar instead of through it
 
     def metrics(self, record: dict[str, Any]) -> None:
+        """One line of metrics.jsonl; its numbers also as TensorBoard scalars (`train/...`, `val/SET/...`)."""
         if self.metrics_path is not None:
             with self.metrics_path.open("a", encoding="utf-8") as file:
                 file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+        if self.board is not None:
+            prefix = f"val/{Path(record['val']).name}" if "val" in record else "train"
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    self.board.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def image(self, tag: str, step: int, image: Image.Image) -> None:
+        if self.board is not None:
+            self.board.add_image(tag, np.asarray(image.convert("RGB")), step, dataformats="HWC")
 
     def drop_records_after(self, step: int) -> None:
         """Forget what a run that died after `step` logged: the resumed run logs those steps again."""
@@ -55,6 +76,8 @@ class RunLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.board is not None:
+            self.board.close()
 
 
 class LogWindow:

@@ -1,0 +1,249 @@
+"""Export a checkpoint to ONNX or TorchScript with a dynamic batch and width, then check it against PyTorch.
+
+    python scripts/export.py runs/crnn/best.pt --format onnx                  # -> runs/crnn/best.onnx
+    python scripts/export.py runs/crnn/best.pt --format torchscript           # -> runs/crnn/best.ts.pt
+    python scripts/export.py runs/crnn/best.pt --format onnx --out crnn.onnx --check datasets/synth/val 'scans/*.png'
+
+The exported model takes `images` [B, C, H, W], float32 in [-1, 1] as data.transforms.ImageTransform
+makes them (H is the checkpoint's img_height; B and W are free), and returns `logits` [B, T, classes]
+with T = W/4 + 1 frames (26 for W = 100); greedy CTC decoding (data.codec.CTCCodec.decode) turns them
+into text: class 0 is the blank, class i the alphabet's i-th character. The alphabet and the
+preprocessing travel inside the file as JSON (ONNX: metadata_props["crnn"]; TorchScript: the extra
+file "crnn.json").
+
+The check runs the exported model and the PyTorch model on the same images (`--check`: image files,
+folders, globs or LMDB folders; by default a few images rendered by scripts/make_synthetic.py): all
+of them as one batch at the checkpoint's width and at twice it, and each alone at its own width. It
+prints the largest absolute difference of the logits and whether the decoded texts are identical, and
+exits 1 when a text differs or the difference exceeds --tolerance. ONNX needs `onnx` and, for the
+check, `onnxruntime` (pip install -r requirements-export.txt); without onnxruntime the check is
+skipped with a message.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
+from data.codec import CTCCodec  # noqa: E402
+from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
+from data.transforms import ImageTransform  # noqa: E402
+from scripts.make_synthetic import find_fonts, render_sample  # noqa: E402
+from scripts.predict import image_paths  # noqa: E402
+from utils.checkpoint import load_model  # noqa: E402
+from utils.config import Config, ConfigError, load_config  # noqa: E402
+
+SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}
+# 17 is read by every current runtime (onnxruntime >= 1.13, TensorRT >= 8.6) and has every op used here.
+ONNX_OPSET = 17
+RENDERED_IMAGES = 6
+MIN_WIDTH, MAX_WIDTH = 8, 1024  # own-width check inputs are clamped to this (8 px: 3 frames)
+Runner = Callable[[Tensor], Tensor]  # images [B, C, H, W] -> logits [B, T, classes], on the CPU
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
+    parser.add_argument("--format", required=True, choices=sorted(SUFFIXES))
+    parser.add_argument("--out", type=Path, help="output file (default: the checkpoint's name with .onnx / .ts.pt)")
+    parser.add_argument("--check", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
+                        help="images to compare on (default: rendered by scripts/make_synthetic.py)")
+    parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
+    parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    args = parser.parse_args()
+    if args.check_limit < 1:
+        parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
+    if args.tolerance < 0:
+        parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+    return args
+
+
+def metadata(codec: CTCCodec, config: Config) -> dict[str, str]:
+    """What a runtime needs besides the weights: the alphabet and how to make the input."""
+    data = config.data
+    description = {"alphabet": codec.alphabet, "blank": 0, "fold_case": codec.fold_case,
+                   "img_height": data.img_height, "img_width": data.img_width, "keep_aspect": data.keep_aspect,
+                   "in_channels": config.model.in_channels, "input": "pixels / 127.5 - 1, [B, C, H, W]",
+                   "output": "logits [B, T, classes], T = W / 4 + 1; greedy CTC decoding"}
+    return {"crnn": json.dumps(description, ensure_ascii=False)}
+
+
+def export_onnx(model: nn.Module, example: Tensor, out: Path, extra: dict[str, str]) -> None:
+    import onnx  # optional: requirements-export.txt
+
+    buffer = io.BytesIO()
+    # The TorchScript-based exporter (dynamo=False) maps nn.LSTM to ONNX's LSTM op, whose sequence
+    # length is dynamic. With torch 2.14's default torch.export-based one the LSTM kept the example's
+    # 26 frames (a 57-pixel-wide image failed in onnxruntime), and the export took minutes. This
+    # one's warnings (deprecation, tracer, LSTM batch size) are silenced: the check below runs the
+    # file at other batch sizes and widths instead.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), buffer, dynamo=False, opset_version=ONNX_OPSET,
+                          input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch", 3: "width"}, "logits": {0: "batch", 1: "frames"}})
+    proto = onnx.load_from_string(buffer.getvalue())
+    onnx.checker.check_model(proto)
+    onnx.helper.set_model_props(proto, extra)
+    onnx.save(proto, out)
+
+
+def export_torchscript(model: nn.Module, out: Path, extra: dict[str, str]) -> None:
+    # torch.jit.script compiles forward() itself, so every shape stays dynamic and the height check
+    # survives (torch.jit.trace would freeze it). torch.jit is deprecated in favour of torch.export, but
+    # torch.export has no dynamic time axis for nn.LSTM yet (see export_onnx); hence the filter.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(model), str(out), _extra_files={"crnn.json": extra["crnn"]})
+
+
+def onnx_runner(path: Path) -> Runner | None:
+    """onnxruntime on the CPU, or None when it is not installed."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # respect OMP_NUM_THREADS, like torch
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda images: torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])
+
+
+def torchscript_runner(path: Path) -> Runner:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load is deprecated too
+        return torch.jit.load(str(path), map_location="cpu")
+
+
+def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[list[tuple[str, bytes]], str]:
+    """Up to `limit` (name, encoded image) pairs to check on, and where they come from."""
+    if not sources:
+        fonts = tuple(find_fonts()) or (None,)  # None: Pillow's built-in font
+        images = [(f"rendered-{index}", render_sample(0, "export-check", index, alphabet, fonts, 10)[0])
+                  for index in range(min(RENDERED_IMAGES, limit))]
+        return images, "images rendered by scripts/make_synthetic.py"
+    images = []
+    for source in sources:
+        if (Path(source) / "data.mdb").is_file():
+            env = open_lmdb(source)
+            with env.begin() as txn:
+                for index in range(1, min(read_num_samples(txn, source), limit - len(images)) + 1):
+                    image_bytes = txn.get(b"image-%09d" % index)
+                    if image_bytes is not None:
+                        images.append((f"{source}#{index}", image_bytes))
+            env.close()
+        else:
+            images += [(path, Path(path).read_bytes()) for path in image_paths([source])[:limit - len(images)]]
+    return images[:limit], f"images from {', '.join(sources)}"
+
+
+def check_batches(images: list[tuple[str, bytes]], config: Config) -> list[tuple[list[str], Tensor]]:
+    """(names, images [B, C, H, W]) to compare on: every image as one batch at the checkpoint's width and
+    at twice it, then each alone at its own width (its aspect ratio at the model's height)."""
+    data, channels = config.data, config.model.in_channels
+    batched = {data.img_width: [], 2 * data.img_width: []}
+    alone = []
+    for name, image_bytes in images:
+        try:
+            with Image.open(io.BytesIO(image_bytes)) as image:
+                own_width = round(image.width * data.img_height / max(image.height, 1))
+            own_width = min(MAX_WIDTH, max(MIN_WIDTH, own_width))
+            for width, batch in batched.items():
+                batch.append(ImageTransform(data.img_height, width, channels, data.keep_aspect)(image_bytes))
+            alone.append(([name], ImageTransform(data.img_height, own_width, channels)(image_bytes)[None]))
+        except Exception as error:  # Pillow raises many types on bad files
+            print(f"{name}: cannot decode ({error}); not used in the check", file=sys.stderr)
+    if not alone:
+        raise ValueError("none of the check images could be decoded")
+    names = [name for [name], _ in alone]
+    if len(names) == 1:  # batches must hold more than one image, or the batch axis goes untested
+        names, batched = names * 2, {width: batch * 2 for width, batch in batched.items()}
+    return [(names, torch.stack(batch)) for batch in batched.values()] + alone
+
+
+@torch.inference_mode()
+def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[tuple[list[str], Tensor]],
+            tolerance: float) -> list[str]:
+    """Report lines; the last starts with "check passed" or "check FAILED"."""
+    max_difference, texts, differing = 0.0, 0, []
+    for names, images in batches:
+        expected = model(images)  # [B, T, classes]
+        try:
+            actual = exported(images)  # [B, T, classes]
+        except Exception as error:  # a runtime's error on a shape the export did not generalise to
+            return [f"check FAILED: the exported model failed on images {tuple(images.shape)}: {error}"]
+        if actual.shape != expected.shape:
+            return [f"check FAILED: images {tuple(images.shape)} gave logits {tuple(actual.shape)},"
+                    f" PyTorch {tuple(expected.shape)}"]
+        max_difference = max(max_difference, (actual - expected).abs().max().item())
+        for name, (want, _), (got, _) in zip(names, codec.decode(expected), codec.decode(actual)):
+            texts += 1
+            if got != want:
+                differing.append(f"{name} at width {images.shape[3]}: {got!r}, PyTorch {want!r}")
+    widths = sorted({images.shape[3] for _, images in batches})
+    sizes = sorted({images.shape[0] for _, images in batches})
+    used = len({name for names, _ in batches for name in names})
+    lines = [f"{used} images, {len(batches)} runs: batch sizes {', '.join(map(str, sizes))};"
+             f" widths {widths[0]} to {widths[-1]}",
+             f"max abs logit difference: {max_difference:.2e} (tolerance {tolerance:g})",
+             f"decoded texts identical: {texts - len(differing)} of {texts}"]
+    lines += [f"  differs: {line}" for line in differing[:10]]
+    problems = (["texts differ"] if differing else []) + (["logits differ"] if max_difference > tolerance else [])
+    lines.append(f"check FAILED: {' and '.join(problems)}" if problems else "check passed")
+    return lines
+
+
+def main() -> int:
+    args = parse_args()
+    config = load_config(args.config, []) if args.config else None
+    model, codec, config = load_model(args.checkpoint, "cpu", config)
+    checkpoint = Path(args.checkpoint)
+    out = args.out or checkpoint.with_name(checkpoint.stem + SUFFIXES[args.format])
+    if out.resolve() == checkpoint.resolve():
+        raise ValueError(f"--out {out} is the checkpoint itself")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    images, origin = check_images(args.check, codec.alphabet, args.check_limit)  # before exporting: fail early
+
+    start = time.perf_counter()
+    extra = metadata(codec, config)
+    if args.format == "onnx":
+        try:
+            example = torch.zeros(1, config.model.in_channels, config.data.img_height, config.data.img_width)
+            export_onnx(model, example, out, extra)
+        except ImportError as error:
+            raise ValueError(f"--format onnx needs the onnx package ({error}): pip install -r requirements-export.txt"
+                             ) from None
+        exported = onnx_runner(out)
+    else:
+        export_torchscript(model, out, extra)
+        exported = torchscript_runner(out)
+    print(f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
+          f" images [batch, {config.model.in_channels}, {config.data.img_height}, width] -> logits [batch, frames,"
+          f" {codec.num_classes}]")
+    if exported is None:
+        print(f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"
+              " (pip install -r requirements-export.txt)")
+        return 0
+
+    print(f"checking against PyTorch on {origin}")
+    lines = compare(model, exported, codec, check_batches(images, config), args.tolerance)
+    print("\n".join(lines))
+    return 1 if lines[-1].startswith("check FAILED") else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,317 @@
+"""Look inside a text-recognition LMDB: what it holds, what is wrong with it, and a picture of samples.
+
+    python scripts/inspect_lmdb.py datasets/synth/train
+    python scripts/inspect_lmdb.py datasets/mine --alphabet configs/alphabets/latin_greek_cyrillic.txt --montage mine.png
+    python scripts/inspect_lmdb.py data_lmdb_release/training/ST --fold-case --limit 100000 --decode
+
+Prints num-samples and the keys present, missing keys, histograms of label length and image width and
+height, image formats, labels that are empty or not UTF-8, characters outside `--alphabet` (with
+`--fold-case`, as training with data.fold_case=true sees them), and images that cannot be read. Image
+sizes come from the file headers, without decoding the pixels; `--decode` decodes every image too,
+which also finds truncated files. `--montage` draws `--samples` random samples (fixed `--seed`) with
+their labels. The LMDB is opened read-only (no lock file is written).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import sys
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+from PIL import Image
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
+from data.alphabet import load_alphabet  # noqa: E402
+from data.lmdb_dataset import open_lmdb  # noqa: E402
+from utils.visualize import caption_grid  # noqa: E402
+
+EXAMPLES = 5  # indices shown per problem
+HISTOGRAM_ROWS = 16
+BAR_WIDTH = 40
+MAX_KEY_GROUPS = 50  # key names shown; an LMDB in another format may have one group per sample
+
+
+@dataclass
+class Report:
+    """What one pass over the samples found."""
+
+    missing_labels: list[int] = field(default_factory=list)
+    missing_images: list[int] = field(default_factory=list)
+    empty_labels: list[int] = field(default_factory=list)
+    not_utf8: list[int] = field(default_factory=list)
+    label_lengths: Counter = field(default_factory=Counter)
+    widths: Counter = field(default_factory=Counter)
+    heights: Counter = field(default_factory=Counter)
+    formats: Counter = field(default_factory=Counter)  # "JPEG RGB", "PNG L", ...
+    undecodable: list[tuple[int, str]] = field(default_factory=list)
+    outside_alphabet: Counter = field(default_factory=Counter)  # character -> occurrences
+    labels_outside_alphabet: list[int] = field(default_factory=list)
+    complete: list[int] = field(default_factory=list)  # indices holding both a label and an image
+
+
+def key_groups(txn: lmdb.Transaction) -> tuple[list[str], bool]:
+    """The keys, as ranges `image-000000001 .. image-000001000` for numbered ones; and whether cut short.
+
+    Jumps over each numbered run of keys instead of reading it, so this takes a few lookups however
+    large the LMDB is.
+    """
+    groups: list[str] = []
+    cursor = txn.cursor()
+    found = cursor.first()
+    while found:
+        if len(groups) == MAX_KEY_GROUPS:
+            return groups, True
+        key = bytes(cursor.key())
+        prefix = key.rstrip(b"0123456789")
+        if prefix in (key, b""):  # a single key such as num-samples
+            groups.append(show_key(key))
+            found = cursor.next()
+            continue
+        found = cursor.set_range(prefix + b"\xff")  # past every key starting with `prefix`
+        if found:
+            cursor.prev()
+        else:
+            cursor.last()
+        groups.append(f"{show_key(key)} .. {show_key(bytes(cursor.key()))}")
+        found = cursor.next()
+    return groups, False
+
+
+def show_key(key: bytes) -> str:
+    text = key.decode("utf-8", errors="backslashreplace")
+    return text if text.isprintable() else repr(text)
+
+
+def numbered_range_end(txn: lmdb.Transaction) -> int:
+    """The highest index of an image- or label- key: what to scan when num-samples is missing."""
+    highest = 0
+    for prefix in (b"image-", b"label-"):
+        cursor = txn.cursor()
+        # The key just before the first one past the prefix's keys, or the very last key.
+        found = cursor.prev() if cursor.set_range(prefix + b"\xff") else cursor.last()
+        key = bytes(cursor.key()) if found else b""
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            highest = max(highest, int(key[len(prefix):]))
+    return highest
+
+
+def read_num_samples(txn: lmdb.Transaction) -> tuple[int | None, str]:
+    raw = txn.get(b"num-samples")
+    if raw is None:
+        return None, "missing (training refuses this LMDB)"
+    try:
+        total = int(bytes(raw))
+    except ValueError:
+        return None, f"{bytes(raw)!r}, not an integer (training refuses this LMDB)"
+    if total < 0:
+        return None, f"{total}, negative (training refuses this LMDB)"
+    return total, str(total)
+
+
+def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
+    """(width, height, "FORMAT MODE") from the header, and every pixel too with `decode`; raises if unreadable."""
+    if not image_bytes:
+        raise ValueError("empty value")
+    with Image.open(io.BytesIO(image_bytes)) as image:
+        if decode:
+            image.load()
+        return image.width, image.height, f"{image.format} {image.mode}"
+
+
+def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, fold_case: bool, decode: bool) -> Report:
+    report = Report()
+    for index in tqdm(indices, desc="scanning", unit="sample", mininterval=2.0, disable=None):
+        raw_label, image_bytes = txn.get(b"label-%09d" % index), txn.get(b"image-%09d" % index)
+        if raw_label is None:
+            report.missing_labels.append(index)
+        else:
+            try:
+                label = bytes(raw_label).decode("utf-8")
+            except UnicodeDecodeError:
+                report.not_utf8.append(index)
+                label = bytes(raw_label).decode("utf-8", errors="replace")  # what training reads
+            label = label.lower() if fold_case else label
+            report.label_lengths[len(label)] += 1
+            if not label:
+                report.empty_labels.append(index)
+            if alphabet is not None:
+                unknown = [char for char in label if char not in alphabet]
+                if unknown:
+                    report.outside_alphabet.update(unknown)
+                    report.labels_outside_alphabet.append(index)
+        if image_bytes is None:
+            report.missing_images.append(index)
+        else:
+            try:
+                width, height, kind = inspect_image(bytes(image_bytes), decode)
+            except Image.UnidentifiedImageError:
+                report.undecodable.append((index, "not an image format Pillow knows (or a corrupt header)"))
+            except Exception as error:  # any failure is a finding, not a crash
+                report.undecodable.append((index, f"{type(error).__name__}: {error}"))
+            else:
+                report.widths[width] += 1
+                report.heights[height] += 1
+                report.formats[kind] += 1
+        if raw_label is not None and image_bytes is not None:
+            report.complete.append(index)
+    return report
+
+
+def histogram(counts: Counter, unit: str = "") -> list[str]:
+    """Text rows `low-high  count  ####`, at most HISTOGRAM_ROWS of them (bins of 1, 2, 5, 10, 20, ...)."""
+    if not counts:
+        return ["  (none)"]
+    low, high = min(counts), max(counts)
+    size = 1
+    while (high // size - low // size + 1) > HISTOGRAM_ROWS:
+        size = next(step * 10 ** power for power in range(12) for step in (1, 2, 5) if step * 10 ** power > size)
+    bins = Counter()
+    for value, count in counts.items():
+        bins[value // size * size] += count
+    peak = max(bins.values())
+    rows = [f"  min {low}, median {median(counts)}, max {high}"]
+    for start in range(low // size * size, high + 1, size):
+        name = f"{start}" if size == 1 else f"{start}-{start + size - 1}"
+        bar = "#" * max(1, round(BAR_WIDTH * bins[start] / peak)) if bins[start] else ""
+        rows.append(f"  {name + unit:>12} {bins[start]:>10}  {bar}")
+    return rows
+
+
+def median(counts: Counter) -> int:
+    """The lower median of the values `counts` counts, without expanding them."""
+    seen, middle = 0, (sum(counts.values()) + 1) // 2
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= middle:
+            return value
+    raise ValueError("median of nothing")
+
+
+def examples(indices: list[int]) -> str:
+    shown = ", ".join(f"#{index}" for index in indices[:EXAMPLES])
+    return shown + (f" and {len(indices) - EXAMPLES} more" if len(indices) > EXAMPLES else "")
+
+
+def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, fold_case: bool) -> None:
+    """Each sample's image fitted into a tile, with `#index: label` under it."""
+    samples = []
+    for index in indices:
+        label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
+        label = label.lower() if fold_case else label
+        try:
+            with Image.open(io.BytesIO(bytes(txn.get(b"image-%09d" % index)))) as image:
+                picture: Image.Image | str = image.convert("RGB")
+        except Exception:  # the report above says why
+            picture = "undecodable image"
+        samples.append((index, label, picture))
+    montage = caption_grid([(picture, [(f"#{index}", "dimgray"), (label, "black")]) for index, label, picture in samples])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    montage.save(path)
+
+
+def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None, fold_case: bool, decode: bool) -> None:
+    missing = len(report.missing_labels) + len(report.missing_images)
+    print(f"missing keys: {len(report.missing_labels)} labels, {len(report.missing_images)} images"
+          + (":" if missing else ""))
+    if report.missing_labels:
+        print(f"  label missing at {examples(report.missing_labels)}")
+    if report.missing_images:
+        print(f"  image missing at {examples(report.missing_images)}")
+    print("label length" + (" (lowercased)" if fold_case else "") + ":")
+    print("\n".join(histogram(report.label_lengths)))
+    empty = report.empty_labels
+    print(f"empty labels: {len(empty)}" + (f" ({examples(empty)})" if empty else ""))
+    if report.not_utf8:
+        print(f"labels not valid UTF-8: {len(report.not_utf8)} ({examples(report.not_utf8)});"
+              " training reads them with U+FFFD in place of the bad bytes")
+    print("image height (px):")
+    print("\n".join(histogram(report.heights)))
+    print("image width (px):")
+    print("\n".join(histogram(report.widths)))
+    print("image formats: " + (", ".join(f"{kind} {count}" for kind, count in report.formats.most_common()) or "none"))
+    how = "decoding every image" if decode else "reading headers only; --decode also finds truncated images"
+    print(f"undecodable images: {len(report.undecodable)} ({how})")
+    for index, reason in report.undecodable[:EXAMPLES]:
+        print(f"  #{index}: {reason}")
+    if len(report.undecodable) > EXAMPLES:
+        print(f"  ... and {len(report.undecodable) - EXAMPLES} more")
+    if alphabet is not None:
+        labels = report.labels_outside_alphabet
+        print(f"characters outside the alphabet ({len(alphabet)} characters from {alphabet_spec}):"
+              f" {len(report.outside_alphabet)} distinct, in {len(labels)} labels"
+              + (f" ({examples(labels)}); training drops these samples" if labels else ""))
+        for char, count in report.outside_alphabet.most_common(20):
+            print(f"  {char!r} (U+{ord(char):04X} {unicodedata.name(char, '?')}): {count}")
+        if len(report.outside_alphabet) > 20:
+            print(f"  ... and {len(report.outside_alphabet) - 20} more characters")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("lmdb", type=Path, help="LMDB folder (holding data.mdb)")
+    parser.add_argument("--alphabet", help="report label characters outside it: characters, or a .txt file with one"
+                        " per line (like data.alphabet)")
+    parser.add_argument("--fold-case", action="store_true", help="lowercase labels first, like data.fold_case=true")
+    parser.add_argument("--limit", type=int, help="scan only the first N samples (for very large LMDBs)")
+    parser.add_argument("--decode", action="store_true", help="decode every image, not only its header (slower)")
+    parser.add_argument("--montage", type=Path, help="write a PNG of random samples with their labels here")
+    parser.add_argument("--samples", type=int, default=32, help="samples in the montage (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="which samples the montage shows (default 0)")
+    args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1, got {args.limit}")
+    if args.samples < 1:
+        parser.error(f"--samples must be >= 1, got {args.samples}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    alphabet = None
+    if args.alphabet is not None:
+        try:
+            alphabet = load_alphabet(args.alphabet)
+        except (OSError, ValueError) as error:
+            sys.exit(f"error: --alphabet: {error}")
+    try:
+        env = open_lmdb(args.lmdb)
+    except FileNotFoundError as error:
+        sys.exit(f"error: {error}")
+    except lmdb.Error as error:
+        sys.exit(f"error: {args.lmdb} is not a readable LMDB: {error}")
+    try:
+        with env.begin(buffers=True) as txn:
+            size = (args.lmdb / "data.mdb").stat().st_size
+            shown_size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+            print(f"{args.lmdb}: {shown_size}, {env.stat()['entries']} keys")
+            total, shown = read_num_samples(txn)
+            print(f"num-samples: {shown}")
+            groups, cut = key_groups(txn)
+            print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
+            if total is None:
+                total = numbered_range_end(txn)
+                print(f"scanning indices 1 to {total}, the highest image-/label- key")
+            end = total if args.limit is None else min(total, args.limit)
+            print("scanned: no samples" if end == 0 else
+                  f"scanned: samples 1 to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
+            report = scan(txn, range(1, end + 1), set(alphabet) if alphabet is not None else None, args.fold_case,
+                          args.decode)
+            print_report(report, alphabet, args.alphabet, args.fold_case, args.decode)
+            if args.montage is not None and not report.complete:
+                print("montage: not written, no sample holds both a label and an image")
+            elif args.montage is not None:
+                chosen = random.Random(args.seed).sample(report.complete, min(args.samples, len(report.complete)))
+                write_montage(txn, sorted(chosen), args.montage, args.fold_case)
+                print(f"montage: wrote {len(chosen)} samples (seed {args.seed}) to {args.montage}")
+    finally:
+        env.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Read the text in image files with a trained checkpoint: one `path<TAB>text<TAB>confidence` line each.
+
+    python scripts/predict.py runs/crnn/best.pt word.png                    # one image
+    python scripts/predict.py runs/crnn/best.pt scans/ a.jpg b.png          # a folder's image files, and files
+    python scripts/predict.py runs/crnn/best.pt 'scans/**/*.png' --device cuda:0 --batch-size 256   # a glob
+
+The model, alphabet and preprocessing (image size, channels, keep_aspect) come from the checkpoint. A
+folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
+The confidence is the product, over the characters read, of each one's highest frame probability
+(1.0000 for an empty text). An image that cannot be decoded is named on stderr and skipped; the others
+are still printed, and the exit status is then 1.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+from pathlib import Path
+
+import torch
+from PIL import UnidentifiedImageError
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
+from data.transforms import ImageTransform  # noqa: E402
+from utils.checkpoint import load_model  # noqa: E402
+from utils.config import Config, ConfigError, load_config  # noqa: E402
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda:N")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
+    parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    args = parser.parse_args()
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    return args
+
+
+def image_paths(inputs: list[str]) -> list[str]:
+    """The image files `inputs` name, in order: files as given, folders' image files and globs' files sorted.
+
+    Raises FileNotFoundError naming an input that is missing, an empty folder or a glob matching nothing.
+    """
+    paths: list[str] = []
+    for item in inputs:
+        if Path(item).is_dir():
+            found = sorted(str(path) for path in Path(item).iterdir()
+                           if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+            if not found:
+                raise FileNotFoundError(f"folder {item} holds no image files ({' '.join(IMAGE_SUFFIXES)})")
+        elif Path(item).is_file():
+            found = [item]
+        elif any(char in item for char in "*?["):  # a glob the shell left alone (quoted)
+            found = sorted(path for path in glob.glob(item, recursive=True) if Path(path).is_file())
+            if not found:
+                raise FileNotFoundError(f"no file matches {item}")
+        else:
+            raise FileNotFoundError(f"{item} does not exist")
+        paths += found
+    return list(dict.fromkeys(paths))  # an image named twice (a file inside a folder also given) is read once
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is the first GPU when CUDA is available, else the CPU; a GPU that is not there is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name}: expected auto, cpu or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
+
+
+def read_image(path: str, transform: ImageTransform) -> Tensor | None:
+    """The model's input `[C, H, W]` for the image at `path`, or None after naming it on stderr."""
+    try:
+        return transform(Path(path).read_bytes())
+    except UnidentifiedImageError:  # its message names a BytesIO object, not the file
+        reason = "not an image format Pillow reads"
+    except Exception as error:  # Pillow raises many types (OSError, ValueError, SyntaxError, ...) on bad files
+        reason = str(error) or type(error).__name__
+    print(f"{path}: cannot decode ({reason})", file=sys.stderr)
+    return None
+
+
+@torch.inference_mode()
+def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None
+            ) -> int:
+    """Print one line per decodable image of `paths`; return how many could not be decoded."""
+    model, codec, config = load_model(checkpoint, device, config)
+    data = config.data
+    transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
+    undecodable = 0
+    for start in range(0, len(paths), batch_size):
+        decoded = [(path, read_image(path, transform)) for path in paths[start:start + batch_size]]
+        readable = [(path, image) for path, image in decoded if image is not None]
+        undecodable += len(decoded) - len(readable)
+        if not readable:
+            continue
+        images = torch.stack([image for _, image in readable]).to(device)  # [B, C, H, W]
+        for (path, _), (text, confidence) in zip(readable, codec.decode(model(images))):
+            print(f"{path}\t{text}\t{confidence:.4f}")
+        sys.stdout.flush()  # lines appear batch by batch when piped
+    return undecodable
+
+
+def main() -> int:
+    args = parse_args()
+    paths = image_paths(args.inputs)
+    device = resolve_device(args.device)
+    config = load_config(args.config, []) if args.config else None
+    undecodable = predict(paths, args.checkpoint, device, args.batch_size, config)
+    if undecodable:
+        print(f"{undecodable} of {len(paths)} images could not be decoded and were skipped", file=sys.stderr)
+    return 1 if undecodable else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,110 @@
+"""Large alphabets given as files: glyph coverage in the generator, and training end to end.
+
+This machine's fonts are DejaVu only, so the alphabet trained here is configs/alphabets/
+latin_greek_cyrillic.txt (367 characters DejaVu has); the CJK alphabet of configs/cjk.yaml is only
+loaded, and its hanzi checked to be reported as undrawable when the system has no CJK font.
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.alphabet import load_alphabet
+from tests.conftest import REPO, read_lmdb, run_env
+from utils.config import load_config
+
+SCRIPT = REPO / "scripts" / "make_synthetic.py"
+LATIN_GREEK_CYRILLIC = "configs/alphabets/latin_greek_cyrillic.txt"
+
+
+@pytest.fixture(scope="module")
+def generator():
+    """scripts/make_synthetic.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_synthetic", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_synthetic"] = module  # dataclasses look their module up while it executes
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["make_synthetic"]
+
+
+def test_the_alphabet_files_load_and_the_cjk_config_names_one():
+    alphabet = load_alphabet(str(REPO / LATIN_GREEK_CYRILLIC))
+    assert len(alphabet) == 367 and {"a", "Z", "é", "Ł", "Ω", "ж", "Ё"} <= set(alphabet)
+    config = load_config(str(REPO / "configs" / "cjk.yaml"), [])
+    cjk = load_alphabet(str(REPO / config.data.alphabet))
+    assert len(cjk) == 3817 and cjk[:10] == "0123456789" and {"中", "国", "啊"} <= set(cjk)
+    assert config.data.fold_case is False
+
+
+def test_each_text_is_drawn_with_a_font_that_has_all_its_characters(generator):
+    fonts = {Path(font).name: font for font in generator.find_fonts()}
+    if not {"DejaVuSerif.ttf", "DejaVuSansMono.ttf"} <= set(fonts):
+        pytest.skip("needs DejaVu Serif and DejaVu Sans Mono")
+    # DejaVu Sans Mono has Arabic and no 'ǅ', DejaVu Serif the other way round; no font has '中'.
+    pair = (fonts["DejaVuSerif.ttf"], fonts["DejaVuSansMono.ttf"])
+    plan = generator.plan_fonts(pair, "abǅب中")
+    serif, mono = plan.fonts
+    if not ("ǅ" in serif.characters and "ب" not in serif.characters and "ب" in mono.characters
+            and "ǅ" not in mono.characters):
+        pytest.skip("these DejaVu versions do not split the coverage as this test needs")
+    assert plan.missing == "中" and plan.alphabet == "abǅب"
+    labels = [generator.render_sample(0, "train", index, "abǅب中", pair, max_length=8)[1] for index in range(60)]
+    assert all(any(font.draws(label) for font in plan.fonts) for label in labels)
+    assert not any("ǅ" in label and "ب" in label for label in labels)  # no one font draws both
+    assert any("ǅ" in label for label in labels) and any("ب" in label for label in labels)
+
+
+def test_generator_reports_characters_no_font_has(generator, tmp_path):
+    alphabet_file = tmp_path / "mixed.txt"
+    alphabet_file.write_text("\n".join("abcdefghij中文") + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "synth"), "--train", "20",
+                             "--val", "4", "--workers", "1", "--alphabet", str(alphabet_file)],
+                            capture_output=True, text=True, timeout=120, env=run_env())
+    assert result.returncode == 0, result.stderr
+    labels = "".join(label for _, label in read_lmdb(tmp_path / "synth" / "train"))
+    if generator.find_cjk_fonts():
+        assert "CJK fonts:" in result.stdout
+    else:
+        assert "no CJK font found" in result.stdout
+        assert "2 of the alphabet's 12 characters are in no font and are never drawn: '中' '文'" in result.stdout
+        assert set(labels) <= set("abcdefghij")
+
+
+def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
+    data = tmp_path / "data"
+    generated = subprocess.run([sys.executable, str(SCRIPT), "--out", str(data), "--train", "48", "--val", "16",
+                                "--workers", "1", "--alphabet", LATIN_GREEK_CYRILLIC],
+                               cwd=REPO, capture_output=True, text=True, timeout=120, env=run_env())
+    assert generated.returncode == 0, generated.stderr
+    labels = "".join(label for _, label in read_lmdb(data / "train"))
+    assert set(labels) - set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"), \
+        "the samples should hold Greek, Cyrillic or accented letters"
+
+    run = tmp_path / "run"
+    command = [sys.executable, "train.py", "--config", "configs/cjk.yaml", f"data.alphabet={LATIN_GREEK_CYRILLIC}",
+               f"data.train=[{data / 'train'}]", f"data.val=[{data / 'val'}]", f"train.out_dir={run}",
+               "train.max_steps=3", "train.batch_size=8", "model.hidden_size=32", "data.num_workers=0",
+               "train.precision=fp32", "train.eval_every=3"]
+    trained = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=run_env())
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    output = trained.stdout + trained.stderr
+    assert "kept 48 of 48" in output and "kept 16 of 16" in output  # no label fell outside the file's alphabet
+
+    alphabet = load_alphabet(str(REPO / LATIN_GREEK_CYRILLIC))
+    checkpoint = torch.load(run / "last.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["alphabet"] == alphabet
+    classifier = checkpoint["model"]["sequence.1.linear.weight"]  # [num_classes, 2 * hidden_size]
+    assert classifier.shape == (len(alphabet) + 1, 64)
+
+    plotted = subprocess.run([sys.executable, str(REPO / "scripts" / "plot.py"), str(run)], capture_output=True,
+                             text=True, timeout=60)
+    assert plotted.returncode == 0, plotted.stderr
+    assert (run / "curves.png").is_file()

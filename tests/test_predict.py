@@ -1,0 +1,102 @@
+"""scripts/predict.py on a checkpoint trained for 3 steps: folders, globs, files, broken images, bad paths."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.transforms import ImageTransform
+from utils.checkpoint import load_model
+
+from tests.conftest import REPO, read_lmdb, run_env
+
+
+def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[Path]:
+    """`count` JPEGs of the val set, written under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, (image_bytes, _) in enumerate(read_lmdb(synth / "val")[start:start + count], start=start):
+        paths.append(folder / f"val{index:02d}.jpg")
+        paths[-1].write_bytes(image_bytes)
+    return paths
+
+
+def predict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "predict.py"), *args], env=run_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def parse(stdout: str) -> list[tuple[str, str, str]]:
+    rows = [tuple(line.split("\t")) for line in stdout.splitlines()]
+    assert all(len(row) == 3 for row in rows), stdout
+    return rows
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_run) -> Path:
+    return tiny_run / "best.pt"
+
+
+@torch.inference_mode()
+def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
+    """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows."""
+    model, codec, config = load_model(checkpoint, "cpu")
+    data = config.data
+    transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
+    return [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
+
+
+def test_folder_glob_and_files_print_one_line_per_image_with_the_models_text(checkpoint, synth, tmp_path):
+    folder = write_images(synth, tmp_path / "folder", 4)
+    (tmp_path / "folder" / "notes.txt").write_text("not an image")  # a folder means its image files
+    globbed = write_images(synth, tmp_path / "globbed", 3, start=4)
+    singles = write_images(synth, tmp_path / "singles", 2, start=7)
+    result = predict(str(checkpoint), str(tmp_path / "folder"), str(tmp_path / "globbed" / "*.jpg"),
+                     *map(str, singles), "--batch-size", "3", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    rows = parse(result.stdout)
+    assert [path for path, _, _ in rows] == [str(path) for path in folder + globbed + singles]
+    expected = reference(checkpoint, [path for path, _, _ in rows])
+    for (path, text, confidence), (expected_text, expected_confidence) in zip(rows, expected):
+        assert len(confidence.split(".")[1]) == 4 and 0 <= float(confidence) <= 1
+        # Batches of 3 against batches of 1: the same text; the float may differ in its last bits.
+        assert text == expected_text and float(confidence) == pytest.approx(expected_confidence, abs=1.5e-4)
+
+
+def test_an_undecodable_image_is_named_on_stderr_skipped_and_makes_the_exit_status_1(checkpoint, synth, tmp_path):
+    good = write_images(synth, tmp_path, 3)
+    (tmp_path / "truncated.jpg").write_bytes(good[0].read_bytes()[:40])
+    (tmp_path / "empty.png").write_bytes(b"")
+    result = predict(str(checkpoint), str(tmp_path), "--batch-size", "2")
+    assert result.returncode == 1
+    assert [path for path, _, _ in parse(result.stdout)] == [str(path) for path in good]  # all the others
+    assert f"{tmp_path / 'truncated.jpg'}: cannot decode (" in result.stderr
+    assert f"{tmp_path / 'empty.png'}: cannot decode (not an image format Pillow reads)" in result.stderr
+    assert "2 of 5 images could not be decoded and were skipped" in result.stderr
+
+
+def test_a_missing_checkpoint_is_a_clear_error_naming_it(synth, tmp_path):
+    image = write_images(synth, tmp_path, 1)[0]
+    result = predict(str(tmp_path / "nope.pt"), str(image))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == f"error: checkpoint {tmp_path / 'nope.pt'} does not exist"
+
+
+def test_inputs_resolve_to_sorted_unique_image_files_and_missing_ones_are_named(tmp_path):
+    from scripts.predict import image_paths
+
+    for name in ("b.png", "a.JPG", "c.txt", "sub/d.png"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    folder = [str(tmp_path / "a.JPG"), str(tmp_path / "b.png")]
+    assert image_paths([str(tmp_path)]) == folder  # image suffixes only, not recursive, sorted
+    assert image_paths([str(tmp_path / "b.png"), str(tmp_path)]) == folder[::-1]  # each file once, first place
+    assert image_paths([str(tmp_path / "**" / "*.png")]) == [str(tmp_path / "b.png"), str(tmp_path / "sub" / "d.png")]
+    (tmp_path / "empty").mkdir()
+    for bad, message in [("gone.png", "gone.png does not exist"), ("*.tif", "no file matches"),
+                         ("empty", "folder .* holds no image files")]:
+        with pytest.raises(FileNotFoundError, match=message):
+            image_paths([str(tmp_path / bad)])

@@ -1,0 +1,33 @@
+"""What a run leaves for people watching it: TensorBoard scalars and decoded validation samples, and
+how many samples each training set gave when the sets are mixed by ratio."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import REPO, run_env
+from utils.visualize import IMAGE_BOX, PAD
+
+
+def test_mixed_datasets_and_tensorboard(synth, tmp_path):
+    out_dir = tmp_path / "run"
+    train, val = synth / "train", synth / "val"
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{train},{val}]", "data.train_ratios=[3,1]",
+         f"data.val=[{val}]", f"train.out_dir={out_dir}", "train.batch_size=8", "train.max_steps=4", "train.log_every=2",
+         "train.eval_every=4", "data.num_workers=0", "model.hidden_size=32", "train.precision=fp32"],
+        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    drawn = [r["drawn"] for r in records if "drawn" in r]
+    assert drawn == [{str(train): 12, str(val): 4}] * 2  # 2 steps of 6 + 2 per log line
+
+    events = EventAccumulator(str(out_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "train/images_per_s", "val/val/accuracy", "val/val/cer"} <= set(scalars)
+    assert [event.step for event in events.Scalars("train/loss")] == [2, 4]
+    [samples] = events.Images("val/samples")
+    assert samples.step == 4 and samples.width == 4 * (IMAGE_BOX[0] + 2 * PAD)  # a grid of 4 columns
