@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,52 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     return loss, infinite, taken
 
 
+@dataclass
+class Setup:
+    """What a run trains with, built from its config: shared by train() and scripts/benchmark.py."""
+
+    codec: CTCCodec
+    model: nn.Module  # on the device, not wrapped
+    frames: int  # per image: the longest label CTC can align
+    train_sets: list[LmdbDataset]
+    val_sets: list[LmdbDataset]
+    loader: DataLoader
+    sampler: GlobalBatchSampler
+    precision: str
+    memory_format: torch.memory_format
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+
+def build_setup(config: Config, env: DistEnv) -> Setup:
+    torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
+    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
+    frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
+    if config.model.sync_bn and env.distributed:
+        model = convert_sync_batchnorm(model, env.device)
+    transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels, config.data.keep_aspect)
+    train_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.train]
+    val_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.val]
+    loader, sampler = build_train_loader(config, codec, train_sets, env)
+    precision = resolve_precision(config.train.precision, env.device)
+    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
+    model.to(env.device, memory_format=memory_format)
+    optimizer, scheduler = build_optimizer(config, model)
+    # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
+    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
+    return Setup(codec, model, frames, train_sets, val_sets, loader, sampler, precision, memory_format, optimizer,
+                 scheduler, scaler)
+
+
+def wrap_for_ddp(model: nn.Module, env: DistEnv) -> nn.Module:
+    if not env.distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)
+
+
 def main() -> None:
     args = parse_args()
     config = load_config(args.config, args.overrides)
@@ -167,30 +214,16 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         if config.train.tensorboard:
             log.start_tensorboard(first_step=resume_from[1]["step"] + 1 if resume_from else 0)
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
-    torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
-
-    # --- model and data -------------------------------------------------------------------------
-    codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
-    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
-    frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
-    if config.model.sync_bn and env.distributed:
-        model = convert_sync_batchnorm(model, env.device)
-    transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels, config.data.keep_aspect)
-    train_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.train]
-    val_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.val]
-    for dataset in train_sets + val_sets:
+    setup = build_setup(config, env)
+    codec, model, sampler, optimizer, scheduler, scaler = (setup.codec, setup.model, setup.sampler, setup.optimizer,
+                                                           setup.scheduler, setup.scaler)
+    val_sets, precision, memory_format = setup.val_sets, setup.precision, setup.memory_format
+    for dataset in setup.train_sets + val_sets:
         log.info(dataset.report.summary())
-    train_loader, sampler = build_train_loader(config, codec, train_sets, env)
     val_loaders = [build_eval_loader(dataset, codec, config.train.eval_batch_size // env.world_size,
                                      config.data.num_workers, env) for dataset in val_sets]
 
-    # --- optimisation state -----------------------------------------------------------------------
-    precision = resolve_precision(config.train.precision, env.device)
-    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
-    model.to(env.device, memory_format=memory_format)
-    optimizer, scheduler = build_optimizer(config, model)
-    # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
-    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
+    # --- where to start ---------------------------------------------------------------------------
     window = LogWindow(env.device)
     step, best_accuracy = 0, -1.0
     if resume_from:
@@ -215,12 +248,10 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     elif config.train.init_from:
         log.info(load_initial_weights(model, config.train.init_from, codec.alphabet))
     unwrapped = model  # saved and evaluated: never the DDP wrapper, so checkpoints carry no `module.`
-    if env.distributed:
-        model = DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
-                                        gradient_as_bucket_view=True)
+    model = wrap_for_ddp(model, env)
 
     per_process = config.train.batch_size // env.world_size
-    log.info(f"{config.model.arch}: {count_parameters(unwrapped) / 1e6:.2f} M parameters, {frames} frames per image, "
+    log.info(f"{config.model.arch}: {count_parameters(unwrapped) / 1e6:.2f} M parameters, {setup.frames} frames per image, "
              f"{codec.num_classes - 1} characters")
     log.info(f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
              f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
@@ -260,7 +291,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     skipped_in_a_row = 0
     sampler.set_steps(step, config.train.max_steps)  # the batches depend on the step alone
     try:
-        for batch in train_loader:
+        for batch in setup.loader:
             loss, infinite, taken = train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device,
                                                precision, memory_format)
             scheduler.step()

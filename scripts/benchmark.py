@@ -25,21 +25,15 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from data.alphabet import load_alphabet  # noqa: E402
-from data.codec import CTCCodec  # noqa: E402
-from data.lmdb_dataset import LmdbDataset  # noqa: E402
-from data.transforms import ImageTransform  # noqa: E402
-from models import build_model, output_frames  # noqa: E402
-from train import build_optimizer, build_train_loader, train_step  # noqa: E402
+from train import build_setup, train_step, wrap_for_ddp  # noqa: E402
 from utils.losses import ctc_losses  # noqa: E402
 from utils.config import ConfigError, load_config, validate  # noqa: E402
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed  # noqa: E402
 from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
-from utils.precision import autocast, resolve_precision  # noqa: E402
+from utils.precision import autocast  # noqa: E402
 
 ROUNDS = 3
 
@@ -120,22 +114,11 @@ def main() -> None:
 
 
 def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
-    torch.manual_seed(config.train.seed)
-    codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
-    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
-    frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
-    transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels, config.data.keep_aspect)
-    train_sets = [LmdbDataset(root, codec, frames, transform) for root in config.data.train]
-    loader, sampler = build_train_loader(config, codec, train_sets, env)
-    precision = resolve_precision(config.train.precision, env.device)
-    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
-    model.to(env.device, memory_format=memory_format)
-    optimizer, scheduler = build_optimizer(config, model)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
-    unwrapped = model
-    if env.distributed:
-        model = DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
-                                        gradient_as_bucket_view=True)
+    setup = build_setup(config, env)
+    unwrapped, loader, sampler, optimizer, scheduler, scaler = (setup.model, setup.loader, setup.sampler,
+                                                                setup.optimizer, setup.scheduler, setup.scaler)
+    codec, precision, memory_format = setup.codec, setup.precision, setup.memory_format
+    model = wrap_for_ddp(unwrapped, env)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
 
@@ -162,8 +145,8 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
             rate = timed_images_per_second(run_step, steps // ROUNDS or 1, warmup, env.device)
             per_process[name] = max(per_process[name], rate)
     per_process["data_loading"] = timed_images_per_second(load_only, steps * 4, warmup, env.device)
-    if config.data.val:
-        val_set = LmdbDataset(config.data.val[0], codec, frames, transform)
+    if setup.val_sets:
+        val_set = setup.val_sets[0]
         val_loader = build_eval_loader(val_set, codec, config.train.eval_batch_size // env.world_size,
                                        config.data.num_workers, env)
         evaluate(unwrapped, val_loader, codec, env, precision, config.train.channels_last)  # warm-up: workers, caches
