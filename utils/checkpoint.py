@@ -1,8 +1,9 @@
 """Checkpoints: written atomically, read with weights-only unpickling, free of wrapper prefixes.
 
 A checkpoint is a dict of tensors and plain Python values: `model` (the unwrapped state dict),
-`optimizer`, `scheduler`, `step`, `epoch`, `best_accuracy`, `config` (a plain dict), `alphabet`
-and `versions`. `torch.load(path, weights_only=True)` reads it on any device.
+`step`, `config` (a plain dict), `alphabet` and `versions`, and in training checkpoints also the
+optimizer, scheduler, scaler, RNG and log state (README, "Checkpoints"). `torch.load(path,
+weights_only=True)` reads it on any device.
 """
 from __future__ import annotations
 
