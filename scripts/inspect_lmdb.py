@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
 from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_dataset import open_lmdb  # noqa: E402
+from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
 from utils.visualize import caption_grid  # noqa: E402
 
 EXAMPLES = 5  # indices shown per problem
@@ -99,19 +99,6 @@ def numbered_range_end(txn: lmdb.Transaction) -> int:
         if key.startswith(prefix) and key[len(prefix):].isdigit():
             highest = max(highest, int(key[len(prefix):]))
     return highest
-
-
-def read_num_samples(txn: lmdb.Transaction) -> tuple[int | None, str]:
-    raw = txn.get(b"num-samples")
-    if raw is None:
-        return None, "missing (training refuses this LMDB)"
-    try:
-        total = int(bytes(raw))
-    except ValueError:
-        return None, f"{bytes(raw)!r}, not an integer (training refuses this LMDB)"
-    if total < 0:
-        return None, f"{total}, negative (training refuses this LMDB)"
-    return total, str(total)
 
 
 def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
@@ -290,8 +277,12 @@ def main(argv: list[str] | None = None) -> None:
             size = (args.lmdb / "data.mdb").stat().st_size
             shown_size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
             print(f"{args.lmdb}: {shown_size}, {env.stat()['entries']} keys")
-            total, shown = read_num_samples(txn)
-            print(f"num-samples: {shown}")
+            try:
+                total = read_num_samples(txn, args.lmdb)
+                print(f"num-samples: {total}")
+            except ValueError as error:  # reported, not fatal: the rest of the LMDB is still worth a look
+                total = None
+                print(f"num-samples: {error} (training refuses this LMDB)")
             groups, cut = key_groups(txn)
             print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
             if total is None:

@@ -105,16 +105,15 @@ class LogWindow:
         self.samples += samples
 
     def reduce(self) -> tuple[list[float], list[int]]:
-        """Per-step losses and the counts (infinite, undecodable, skipped), summed over all processes."""
+        """Per-step losses and the counts (infinite, undecodable, skipped, samples), summed over all processes."""
         # Every rank skips the same steps, so every rank holds the same number of losses.
         losses = all_reduce_sum(torch.stack(self.losses).cpu()).tolist() if self.losses else []
-        counts = all_reduce_sum(torch.tensor([int(self.infinite), self.undecodable, self.skipped], dtype=torch.long))
-        return losses, counts.tolist()
+        counts = torch.tensor([int(self.infinite), self.undecodable, self.skipped, self.samples], dtype=torch.long)
+        return losses, all_reduce_sum(counts).tolist()
 
     def record(self, world_size: int) -> dict[str, Any]:
         """The log line's numbers (a collective); the window starts again empty."""
-        losses, (infinite, undecodable, skipped) = self.reduce()
-        samples = int(all_reduce_sum(torch.tensor([self.samples]))[0])
+        losses, (infinite, undecodable, skipped, samples) = self.reduce()
         record = {"loss": sum(losses) / world_size / max(len(losses), 1),
                   "images_per_s": samples / (time.perf_counter() - self.start),
                   "infinite_losses": infinite, "undecodable_images": undecodable, "skipped_steps": skipped}
@@ -124,7 +123,7 @@ class LogWindow:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to log the same numbers after a resume (a collective)."""
         losses, counts = self.reduce()
-        return {"losses": losses, "counts": counts}
+        return {"losses": losses, "counts": counts[:3]}  # samples only time the window: not carried over
 
     def load_state_dict(self, state: dict[str, Any], is_main: bool) -> None:
         """Rank 0 takes the saved sums, the other ranks zeros: the next all-reduce adds them up exactly."""
