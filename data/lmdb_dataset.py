@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from data.codec import CTCCodec, ctc_min_frames
+from data.transforms import ImageTransform, image_size
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
                 "too long for CTC")
@@ -157,7 +158,7 @@ class LmdbDataset(Dataset):
     worker, forked or spawned), once per process however many datasets read it.
     """
 
-    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: Callable[[bytes], Tensor],
+    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: ImageTransform,
                  remove_unknown: bool = False) -> None:
         self.root = str(root)
         self.codec = codec
@@ -167,6 +168,17 @@ class LmdbDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def padded_widths(self) -> np.ndarray:
+        """Each sample's width after the transform, from its image header (nothing is decoded)."""
+        widths = np.full(len(self), self.transform.width, dtype=np.int64)
+        with lmdb_for_scan(self.root) as env, env.begin(buffers=True) as txn:
+            for position, index in enumerate(self.indices.tolist()):
+                try:
+                    widths[position] = self.transform.padded_width(*image_size(txn.get(b"image-%09d" % index)))
+                except Exception:  # undecodable: loading drops it, whatever batch it lands in
+                    pass
+        return widths
 
     def __getitem__(self, position: int) -> tuple[Tensor, str] | None:
         index = int(self.indices[position])
@@ -193,7 +205,9 @@ class Batch:
     num_dropped: int  # samples of this batch whose image could not be decoded
 
     def pin_memory(self) -> Batch:
+        """Called by the DataLoader on CUDA: pinned tensors copy to the GPU asynchronously (non_blocking)."""
         self.images = self.images.pin_memory()
+        self.targets, self.target_lengths = self.targets.pin_memory(), self.target_lengths.pin_memory()
         return self
 
 

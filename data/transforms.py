@@ -31,25 +31,47 @@ class ImageTransform:
 
     With `keep_aspect`, the image is resized to `height` keeping its aspect ratio (at most `width`
     wide) and the right side is padded by repeating the last column, so narrow words are not
-    stretched. Decoding errors propagate: the dataset decides what to do with a bad image.
+    stretched. `width_step` (evaluation) pads only up to the next multiple of it instead of to
+    `width`: images of one padded width are then batched together and a narrow word costs less.
+    Decoding errors propagate: the dataset decides what to do with a bad image.
     """
 
-    def __init__(self, height: int, width: int, channels: int, keep_aspect: bool = False) -> None:
-        self.height, self.width, self.keep_aspect = height, width, keep_aspect
+    def __init__(self, height: int, width: int, channels: int, keep_aspect: bool = False, width_step: int = 0) -> None:
+        self.height, self.width, self.keep_aspect, self.width_step = height, width, keep_aspect, width_step
         self.mode = "L" if channels == 1 else "RGB"
-        self.output_shape = (channels, height, width)
+        self.output_shape = (channels, height, width)  # the widest image; every image without width_step
+
+    def resized_width(self, width: int, height: int) -> int:
+        """The width an image of `width x height` pixels is resized to, before padding."""
+        if not self.keep_aspect:
+            return self.width
+        return min(self.width, max(1, round(width * self.height / max(height, 1))))
+
+    def padded_width(self, width: int, height: int) -> int:
+        """The width of this transform's output for an image of `width x height` pixels."""
+        resized = self.resized_width(width, height)
+        if not self.width_step:
+            return self.width
+        return min(self.width, -(-resized // self.width_step) * self.width_step)
 
     def __call__(self, image_bytes: bytes) -> Tensor:
         with Image.open(io.BytesIO(image_bytes)) as image:
             image = to_8bit(image, self.mode)
-        if self.keep_aspect:
-            scaled_width = round(image.width * self.height / max(image.height, 1))
-            target_width = min(self.width, max(1, scaled_width))
-        else:
-            target_width = self.width
-        image = image.resize((target_width, self.height), Image.Resampling.BILINEAR)
+        padded_width = self.padded_width(image.width, image.height)
+        image = image.resize((self.resized_width(image.width, image.height), self.height), Image.Resampling.BILINEAR)
         tensor = TF.pil_to_tensor(image)
         tensor = tensor.to(torch.float32).div_(127.5).sub_(1.0)  # [C, H, w] in [-1, 1]
-        if target_width < self.width:
-            tensor = F.pad(tensor, (0, self.width - target_width), mode="replicate")
-        return tensor
+        return pad_right(tensor, padded_width)
+
+
+def pad_right(images: Tensor, width: int) -> Tensor:
+    """`[..., H, w]` images widened to `width` by repeating their last column."""
+    if images.shape[-1] >= width:
+        return images
+    return F.pad(images, (0, width - images.shape[-1]), mode="replicate")
+
+
+def image_size(image_bytes: bytes) -> tuple[int, int]:
+    """(width, height) of an encoded image, from its header alone."""
+    with Image.open(io.BytesIO(image_bytes)) as image:
+        return image.size

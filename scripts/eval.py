@@ -114,6 +114,7 @@ class IndexedSamples(Dataset):
     def __init__(self, dataset: LmdbDataset) -> None:
         self.dataset = dataset
         self.transform = dataset.transform
+        self.padded_widths = dataset.padded_widths
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -196,7 +197,8 @@ def main() -> None:
         model, codec, config = load_model(args.checkpoint, env.device, config)
         precision = resolve_precision(args.precision, env.device)
         data = config.data
-        transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
+        transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect,
+                                   data.eval_width_step)
         frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,13 +18,12 @@ def run_env() -> dict[str, str]:
 
 
 def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
-    """Every (image bytes, label) of an LMDB, in index order."""
-    env = lmdb.open(str(path), readonly=True, lock=False)
-    with env.begin() as txn:
+    """Every (image bytes, label) of an LMDB, in index order (also where a test's dataset holds it open)."""
+    from data.lmdb_dataset import lmdb_for_scan
+
+    with lmdb_for_scan(path) as env, env.begin() as txn:
         count = int(txn.get(b"num-samples"))
-        samples = [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
-    env.close()
-    return samples
+        return [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
 
 
 @pytest.fixture(scope="session")

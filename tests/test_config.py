@@ -43,9 +43,10 @@ def test_unknown_key_in_a_yaml_file_names_file_and_key(tmp_path):
         load_config(str(path), [])
 
 
-def test_validate_rejects_bad_choices():
-    config = load_config("crnn.yaml", ["train.precision=fp8"])
-    with pytest.raises(ConfigError, match="train.precision"):
+@pytest.mark.parametrize("override", ["train.precision=fp8", "data.eval_width_step=-8", "data.num_workers=-1"])
+def test_validate_rejects_bad_choices(override):
+    config = load_config("crnn.yaml", [override])
+    with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):
         validate(config)
 
 

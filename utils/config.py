@@ -31,6 +31,9 @@ class DataConfig:
     img_height: int = 32
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
+    # With keep_aspect, evaluation pads each image only to the next multiple of this many pixels
+    # and batches images of equal width (faster, same results for any batching); 0: pad to img_width.
+    eval_width_step: int = 8
     num_workers: int = 2  # data-loader worker processes per training process
 
 
@@ -67,6 +70,9 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
     channels_last: bool = True
+    # torch.compile the training step's model (the first steps then take minutes to compile). It
+    # speeds up GPUs; on a CPU the step is the convolutions' own time and it gained nothing (README).
+    compile: bool = False
     tensorboard: bool = True  # scalars and decoded validation samples in out_dir/tensorboard (rank 0)
     threads: int = 0  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
     save_every: int = 250  # steps between full checkpoints (also written at the end and when stopped)
@@ -222,6 +228,8 @@ def validate(config: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if config.data.eval_width_step < 0:
+        raise ConfigError(f"data.eval_width_step must be 0 or more, got {config.data.eval_width_step}")
     if config.data.num_workers < 0:
         raise ConfigError(f"data.num_workers must be 0 or more, got {config.data.num_workers}")
     if not config.data.train:

@@ -73,6 +73,9 @@ def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
     device = pick_device(local_rank, local_world_size, device_ids)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init_process_group, so NCCL uses this GPU
+        # Training images all have one shape: cuDNN's per-shape search for the fastest convolution
+        # algorithms pays once. (Evaluation batched by width adds a handful of shapes.)
+        torch.backends.cudnn.benchmark = True
     torch.set_num_threads(threads_per_process(threads, local_world_size))
     cpu_group = None
     if world_size > 1:

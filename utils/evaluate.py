@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import nn
@@ -10,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
 from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.transforms import pad_right
 from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
 from utils.losses import ctc_losses
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
@@ -18,14 +20,34 @@ from utils.preemption import ignore_stop_signals
 from utils.visualize import tensor_to_image
 
 
+def width_batches(widths: np.ndarray, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's batches of positions, each holding images of one width: the batches of every
+    width, narrowest first, dealt to the ranks in turn. Every position is in exactly one batch."""
+    order = np.lexsort((np.arange(len(widths)), widths))  # by width, then by position
+    batches = []
+    for width in np.unique(widths):
+        same = order[widths[order] == width].tolist()
+        batches += [same[i:i + batch_size] for i in range(0, len(same), batch_size)]
+    return batches[rank::world_size]
+
+
 def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, num_workers: int, env: DistEnv,
                       collate_fn: Callable[[list], Batch] | None = None) -> DataLoader:
     """A loader over this rank's exact shard of `dataset` (no padding, no repeats); `collate_fn`
-    replaces CollateBatch (scripts/eval.py's keeps each sample's LMDB index)."""
+    replaces CollateBatch (scripts/eval.py's keeps each sample's LMDB index).
+
+    Where the transform keeps the aspect ratio and pads to a multiple of `width_step`, images are
+    batched by their padded width: a batch of narrow words runs at its own width, not img_width.
+    Each image's input is the same in any batch, so the results do not depend on the batching.
+    """
+    transform = dataset.transform
+    if transform.keep_aspect and transform.width_step:
+        batching = {"batch_sampler": width_batches(dataset.padded_widths(), batch_size, env.rank, env.world_size)}
+    else:
+        batching = {"batch_size": batch_size, "sampler": ShardSampler(len(dataset), env.rank, env.world_size)}
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=ShardSampler(len(dataset), env.rank, env.world_size),
+        **batching,
         num_workers=num_workers,
         collate_fn=collate_fn or CollateBatch(codec, dataset.transform.output_shape),
         pin_memory=env.device.type == "cuda",
@@ -80,7 +102,8 @@ def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, devi
     samples = [sample for sample in (dataset[i] for i in range(min(len(dataset), 4 * count))) if sample is not None][:count]
     cells = []
     if samples:
-        logits = model(torch.stack([image for image, _ in samples]).to(device))
+        width = max(image.shape[-1] for image, _ in samples)
+        logits = model(torch.stack([pad_right(image, width) for image, _ in samples]).to(device))
         for (image, label), (text, confidence) in zip(samples, codec.decode(logits)):
             cells.append((tensor_to_image(image), [(f"label: {label}", "black"),
                                                    (f"read: {text}  ({confidence:.2f})", "black" if text == label else "firebrick")]))
