@@ -5,7 +5,8 @@
     scripts/eval.sh best.pt benchmarks/*/ --dump predictions.tsv --errors misreads.png
 
 Every sample is evaluated exactly once whatever the number of processes, and the metrics are sums
-of integers, so the results do not depend on NPROC or the batch size. Folders named after a standard
+of integers, so the results do not depend on NPROC or the batch size. A checkpoint trained with
+data.keep_aspect is evaluated in batches of one padded width (data.eval_width_step). Folders named after a standard
 benchmark (IIIT5k_3000, SVT, ..., in any case) are shown under its conventional name, first, in the
 conventional order.
 """
