@@ -49,10 +49,9 @@ class ImageTransform:
 
     def padded_width(self, width: int, height: int) -> int:
         """The width of this transform's output for an image of `width x height` pixels."""
-        resized = self.resized_width(width, height)
         if not self.width_step:
             return self.width
-        return min(self.width, -(-resized // self.width_step) * self.width_step)
+        return min(self.width, -(-self.resized_width(width, height) // self.width_step) * self.width_step)
 
     def __call__(self, image_bytes: bytes) -> Tensor:
         with Image.open(io.BytesIO(image_bytes)) as image:

@@ -83,18 +83,18 @@ def matmul_gflops(device: torch.device, precision: str) -> float:
 def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch, device: torch.device) -> tuple[float, float]:
     """(forward, training step) FLOPs per image. oneDNN's fused LSTM is invisible to the counter,
     so it is switched off while counting."""
-    # Switching oneDNN off and on makes torch warn about Intel GPUs' TF32, which concerns no one here.
-    warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-    counter = FlopCounterMode(display=False)
-    with torch.backends.mkldnn.flags(enabled=False), counter:
-        logits = model(images)
-    forward = counter.get_total_flops()
-    counter = FlopCounterMode(display=False)
-    with torch.backends.mkldnn.flags(enabled=False), counter:
-        losses, _ = ctc_losses(model(images), batch, device, count_infinite=False)
-        losses.mean().backward()
+    with warnings.catch_warnings():
+        # Switching oneDNN off and on makes torch warn about Intel GPUs' TF32, which concerns no one here.
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        counter = FlopCounterMode(display=False)
+        with torch.backends.mkldnn.flags(enabled=False), counter:
+            model(images)
+        forward = counter.get_total_flops()
+        counter = FlopCounterMode(display=False)
+        with torch.backends.mkldnn.flags(enabled=False), counter:
+            losses, _ = ctc_losses(model(images), batch, device, count_infinite=False)
+            losses.mean().backward()
     model.zero_grad(set_to_none=True)
-    del logits
     return forward / len(images), counter.get_total_flops() / len(images)
 
 

@@ -23,11 +23,9 @@ from utils.visualize import tensor_to_image
 def width_batches(widths: np.ndarray, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
     """This rank's batches of positions, each holding images of one width: the batches of every
     width, narrowest first, dealt to the ranks in turn. Every position is in exactly one batch."""
-    order = np.lexsort((np.arange(len(widths)), widths))  # by width, then by position
-    batches = []
-    for width in np.unique(widths):
-        same = order[widths[order] == width].tolist()
-        batches += [same[i:i + batch_size] for i in range(0, len(same), batch_size)]
+    order = np.argsort(widths, kind="stable")  # by width, then by position
+    runs = np.split(order, np.flatnonzero(np.diff(widths[order])) + 1)  # one run of positions per width
+    batches = [run[i:i + batch_size].tolist() for run in runs for i in range(0, len(run), batch_size)]
     return batches[rank::world_size]
 
 
