@@ -29,7 +29,7 @@ from data.codec import CTCCodec
 from data.alphabet import load_alphabet
 from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
 from data.sampler import GlobalBatchSampler
-from data.transforms import ImageTransform
+from data.transforms import ImageTransform, Preprocessing
 from models import build_model, count_parameters, output_frames
 from utils.checkpoint import load_checkpoint, load_initial_weights, save_checkpoint
 from utils.config import Config, ConfigError, load_config, to_dict, validate
@@ -99,8 +99,14 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
                grad_clip: float, device: torch.device, precision: str, memory_format: torch.memory_format
                ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One optimizer step. Returns the loss and the count of infinite losses (left on the device), and
-    whether the step was taken: one with a NaN or infinite gradient norm is skipped."""
+    whether the step was taken: one with a NaN or infinite gradient norm is skipped, and leaves the
+    whole model as it was, buffers included."""
     images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
+    # The forward pass updates BatchNorm's running statistics before anyone knows whether the step is
+    # good: one NaN image would make them NaN for every later evaluation and checkpoint. A copy of
+    # the buffers (a few thousand numbers) is what a skipped step restores.
+    buffers = list(model.buffers())
+    saved_buffers = [buffer.clone() for buffer in buffers]
     with autocast(device, precision):
         logits = model(images)  # [B, T, C]
     losses, infinite = ctc_losses(logits, batch, device)
@@ -118,6 +124,8 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     taken = bool(torch.isfinite(grad_norm))
     if taken:
         scaler.step(optimizer)
+    else:
+        torch._foreach_copy_(buffers, saved_buffers)
     scaler.update()  # fp16: lowers the loss scale after an overflow; otherwise nothing
     return loss, infinite, taken
 
@@ -127,6 +135,7 @@ class Setup:
     """What a run trains with, built from its config: shared by train() and scripts/benchmark.py."""
 
     codec: CTCCodec
+    preprocessing: Preprocessing  # what turns an image into the model's input; stored in every checkpoint
     model: nn.Module  # on the device, not wrapped
     frames: int  # per image: the longest label CTC can align
     train_sets: list[LmdbDataset]
@@ -148,10 +157,9 @@ def build_setup(config: Config, env: DistEnv) -> Setup:
     if config.model.sync_bn and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
     data = config.data
-    transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
-    val_transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect,
-                                   data.eval_width_step)
-    train_sets = [LmdbDataset(root, codec, frames, transform) for root in data.train]
+    preprocessing = Preprocessing.from_config(config)
+    train_sets = [LmdbDataset(root, codec, frames, ImageTransform(preprocessing)) for root in data.train]
+    val_transform = ImageTransform(preprocessing, data.eval_width_step)
     val_sets = [LmdbDataset(root, codec, frames, val_transform) for root in data.val]
     loader, sampler = build_train_loader(config, codec, train_sets, env)
     precision = resolve_precision(config.train.precision, env.device)
@@ -160,7 +168,7 @@ def build_setup(config: Config, env: DistEnv) -> Setup:
     optimizer, scheduler = build_optimizer(config, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
-    return Setup(codec, model, frames, train_sets, val_sets, loader, sampler, precision, memory_format, optimizer,
+    return Setup(codec, preprocessing, model, frames, train_sets, val_sets, loader, sampler, precision, memory_format, optimizer,
                  scheduler, scaler)
 
 
@@ -241,7 +249,9 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
             raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
                              f"last.pt, or start from these weights with train.init_from")
         if checkpoint.get("alphabet") != codec.alphabet:
-            raise ValueError(f"train.resume: {path} was trained with another alphabet")
+            raise ValueError(f"train.resume: {path} was trained with another alphabet ({len(checkpoint.get('alphabet') or '')}"
+                             f" characters; data.alphabet has {len(codec.alphabet)}, or another order). To train on "
+                             f"these characters, start a new run from its weights: train.init_from={path}")
         model.load_state_dict(checkpoint["model"], strict=True)
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
@@ -268,7 +278,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
 
     def model_only(accuracy: float | None) -> dict[str, Any]:
         return {"model": unwrapped.state_dict(), "step": step, "accuracy": accuracy, "config": to_dict(config),
-                "alphabet": codec.alphabet, "world_size": env.world_size,
+                "alphabet": codec.alphabet, "preprocessing": setup.preprocessing.to_dict(), "world_size": env.world_size,
                 "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
 
     def save_training_state() -> Path:

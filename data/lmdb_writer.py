@@ -14,7 +14,9 @@ from pathlib import Path
 import lmdb
 
 COMMIT_EVERY = 1000
-MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
+# The map starts small and doubles whenever it fills: a fixed huge map is only address space on
+# Linux, but some platforms (Windows) allocate the file to the map's size up front.
+INITIAL_MAP_SIZE = 64 << 20
 
 
 def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite: bool = False) -> int:
@@ -30,18 +32,16 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        env = lmdb.open(str(staging), map_size=MAP_SIZE, subdir=True)
+        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True)
         count = 0
-        txn = env.begin(write=True)
+        pending: list[tuple[bytes, bytes, bytes, bytes]] = []  # written since the last commit
         for image_bytes, label in samples:
             count += 1
-            txn.put(b"image-%09d" % count, image_bytes)
-            txn.put(b"label-%09d" % count, label.encode("utf-8"))
-            if count % COMMIT_EVERY == 0:
-                txn.commit()
-                txn = env.begin(write=True)
-        txn.put(b"num-samples", str(count).encode())
-        txn.commit()
+            pending.append((b"image-%09d" % count, image_bytes, b"label-%09d" % count, label.encode("utf-8")))
+            if len(pending) == COMMIT_EVERY:
+                commit(env, pending)
+                pending = []
+        commit(env, pending, num_samples=count)
         env.sync()
         env.close()
         if path.exists():
@@ -51,3 +51,19 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return count
+
+
+def commit(env: lmdb.Environment, pending: list[tuple[bytes, bytes, bytes, bytes]], num_samples: int | None = None
+           ) -> None:
+    """Write `pending` (image key, image, label key, label) in one transaction, doubling the map until it fits."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for image_key, image_bytes, label_key, label in pending:
+                    txn.put(image_key, image_bytes)
+                    txn.put(label_key, label)
+                if num_samples is not None:
+                    txn.put(b"num-samples", str(num_samples).encode())
+            return
+        except lmdb.MapFullError:  # the transaction was aborted: grow and write it again
+            env.set_mapsize(2 * env.info()["map_size"])

@@ -1,7 +1,16 @@
-"""Image decoding and resizing: encoded bytes -> a normalised `[C, H, W]` tensor."""
+"""Image preprocessing: encoded bytes -> a normalised `[C, H, W]` tensor, from one recorded description.
+
+`Preprocessing` lists every choice that turns an image file into the model's input. Training builds
+it from the config and stores it in every checkpoint; evaluation, prediction and export rebuild the
+transform from the checkpoint's record, so a change of a default in code never silently changes
+what an older checkpoint is fed.
+"""
 from __future__ import annotations
 
+import dataclasses
 import io
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,6 +20,102 @@ from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
 SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+INTERPOLATIONS = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+COLORS = {"L": 1, "RGB": 3}  # Pillow's modes: "L" is ITU-R 601-2 luma (0.299 R + 0.587 G + 0.114 B)
+PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the last column
+# What checkpoints written before the record existed were fed: the code's constants at the time.
+LEGACY = {"interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
+
+
+class PreprocessingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How an image becomes the model's input: decode, convert to `color`, resize to `height` (and
+    `width`, or keeping the aspect ratio up to `width`), pad the right side, normalise.
+
+    Normalisation is torchvision's: `(pixels / 255 - mean) / std` per channel (one value: every
+    channel). The default maps pixels to [-1, 1].
+    """
+
+    height: int
+    width: int
+    color: str = "L"
+    keep_aspect: bool = False
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+    padding: str = "replicate"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.height < 1 or self.width < 1:
+            problems.append(f"height {self.height} and width {self.width} must be positive")
+        if self.color not in COLORS:
+            problems.append(f"color {self.color!r} is not one of {', '.join(COLORS)}")
+        if self.interpolation not in INTERPOLATIONS:
+            problems.append(f"interpolation {self.interpolation!r} is not one of {', '.join(INTERPOLATIONS)}")
+        if self.padding not in PADDINGS:
+            problems.append(f"padding {self.padding!r} is not one of {', '.join(PADDINGS)}")
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if len(values) not in (1, self.channels):
+                problems.append(f"{name} {list(values)} needs 1 or {self.channels} values (one per channel)")
+        if any(value <= 0 for value in self.std):
+            problems.append(f"std {list(self.std)} must be positive")
+        if problems:
+            raise PreprocessingError("; ".join(problems))
+
+    @property
+    def channels(self) -> int:
+        return COLORS.get(self.color, 0)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Preprocessing:
+        """The preprocessing a run's config asks for (`data.*` and `model.in_channels`)."""
+        data = config.data
+        return cls(height=data.img_height, width=data.img_width, color="L" if config.model.in_channels == 1 else "RGB",
+                   keep_aspect=data.keep_aspect, interpolation=data.interpolation, mean=tuple(data.mean),
+                   std=tuple(data.std))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as a checkpoint or an export's metadata stores them."""
+        record = dataclasses.asdict(self)
+        record["mean"], record["std"] = list(self.mean), list(self.std)
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any], source: str) -> Preprocessing:
+        """The record a checkpoint holds; a key this version does not know is an error, not ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise PreprocessingError(f"{source}: its preprocessing has steps this version cannot apply: {unknown}; "
+                                     f"use the version of the project that wrote it")
+        try:
+            values = {**record, "mean": tuple(record.get("mean", (0.5,))), "std": tuple(record.get("std", (0.5,)))}
+            return cls(**values)
+        except (TypeError, PreprocessingError) as error:
+            raise PreprocessingError(f"{source}: its preprocessing record is not usable: {error}") from None
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any], source: str) -> Preprocessing:
+        """The checkpoint's own record; one written before records existed gets the constants of that time."""
+        if "preprocessing" in checkpoint:
+            return cls.from_dict(checkpoint["preprocessing"], source)
+        data, model = checkpoint["config"]["data"], checkpoint["config"].get("model", {})
+        return cls(height=data["img_height"], width=data["img_width"], color="L" if model.get("in_channels", 1) == 1
+                   else "RGB", keep_aspect=data.get("keep_aspect", False), interpolation=LEGACY["interpolation"],
+                   mean=tuple(LEGACY["mean"]), std=tuple(LEGACY["std"]), padding=LEGACY["padding"])
 
 
 def to_8bit(image: Image.Image, mode: str) -> Image.Image:
@@ -27,7 +132,7 @@ def to_8bit(image: Image.Image, mode: str) -> Image.Image:
 
 
 class ImageTransform:
-    """Decode with Pillow, convert to the model's channels, resize to `height x width`, map to [-1, 1].
+    """Decode with Pillow and apply a `Preprocessing`: encoded bytes -> `[C, H, W]` float32.
 
     With `keep_aspect`, the image is resized to `height` keeping its aspect ratio (at most `width`
     wide) and the right side is padded by repeating the last column, so narrow words are not
@@ -36,10 +141,20 @@ class ImageTransform:
     Decoding errors propagate: the dataset decides what to do with a bad image.
     """
 
-    def __init__(self, height: int, width: int, channels: int, keep_aspect: bool = False, width_step: int = 0) -> None:
-        self.height, self.width, self.keep_aspect, self.width_step = height, width, keep_aspect, width_step
-        self.mode = "L" if channels == 1 else "RGB"
-        self.output_shape = (channels, height, width)  # the widest image; every image without width_step
+    def __init__(self, preprocessing: Preprocessing, width_step: int = 0) -> None:
+        self.preprocessing = preprocessing
+        self.height, self.width, self.keep_aspect = preprocessing.height, preprocessing.width, preprocessing.keep_aspect
+        self.width_step = width_step
+        self.mode = preprocessing.color
+        self.resample = INTERPOLATIONS[preprocessing.interpolation]
+        channels = preprocessing.channels
+        self.output_shape = (channels, self.height, self.width)  # the widest image; every image without width_step
+        # (pixels / 255 - mean) / std, as pixels / (255 std) - mean / std: for the default 0.5 and 0.5
+        # that is pixels / 127.5 - 1, the same floats as before the record existed.
+        std = torch.tensor(preprocessing.std, dtype=torch.float64).expand(channels)
+        mean = torch.tensor(preprocessing.mean, dtype=torch.float64).expand(channels)
+        self.divisor = (255 * std).float().view(-1, 1, 1)
+        self.shift = (mean / std).float().view(-1, 1, 1)
 
     def resized_width(self, width: int, height: int) -> int:
         """The width an image of `width x height` pixels is resized to, before padding."""
@@ -53,14 +168,27 @@ class ImageTransform:
             return self.width
         return min(self.width, -(-self.resized_width(width, height) // self.width_step) * self.width_step)
 
-    def __call__(self, image_bytes: bytes) -> Tensor:
+    def decode(self, image_bytes: bytes) -> Image.Image:
+        """The image in the record's colour mode, at its own size."""
         with Image.open(io.BytesIO(image_bytes)) as image:
-            image = to_8bit(image, self.mode)
+            return to_8bit(image, self.mode)
+
+    def __call__(self, image_bytes: bytes) -> Tensor:
+        return self.to_tensor(self.decode(image_bytes))
+
+    def to_tensor(self, image: Image.Image) -> Tensor:
+        """A decoded image (in the record's mode) resized, padded and normalised: `[C, H, W]`."""
         padded_width = self.padded_width(image.width, image.height)
-        image = image.resize((self.resized_width(image.width, image.height), self.height), Image.Resampling.BILINEAR)
-        tensor = TF.pil_to_tensor(image)
-        tensor = tensor.to(torch.float32).div_(127.5).sub_(1.0)  # [C, H, w] in [-1, 1]
+        image = image.resize((self.resized_width(image.width, image.height), self.height), self.resample)
+        tensor = TF.pil_to_tensor(image).to(torch.float32)
+        tensor = tensor.div_(self.divisor).sub_(self.shift)  # [C, H, w]
         return pad_right(tensor, padded_width)
+
+    def to_image(self, tensor: Tensor) -> Image.Image:
+        """A `[C, H, W]` model input back as a PIL image (to show what the model saw)."""
+        pixels = (tensor.detach().float().cpu() + self.shift) * self.divisor
+        pixels = pixels.round().clamp(0, 255).byte()
+        return Image.fromarray(pixels[0].numpy() if pixels.shape[0] == 1 else pixels.permute(1, 2, 0).numpy())
 
 
 def pad_right(images: Tensor, width: int) -> Tensor:

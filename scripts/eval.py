@@ -195,12 +195,10 @@ def main() -> None:
     config = load_config(args.config, []) if args.config else None
     env = setup_distributed(device_ids=[])
     try:
-        model, codec, config = load_model(args.checkpoint, env.device, config)
+        model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
         precision = resolve_precision(args.precision, env.device)
-        data = config.data
-        transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect,
-                                   data.eval_width_step)
-        frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
+        transform = ImageTransform(preprocessing, config.data.eval_width_step)
+        frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
         sets, combined, predictions = [], new_counts(), []

@@ -4,8 +4,8 @@
     python scripts/export.py runs/crnn/best.pt --format torchscript           # -> runs/crnn/best.ts.pt
     python scripts/export.py runs/crnn/best.pt --format onnx --out crnn.onnx --check datasets/synth/val 'scans/*.png'
 
-The exported model takes `images` [B, C, H, W], float32 in [-1, 1] as data.transforms.ImageTransform
-makes them (H is the checkpoint's img_height; B and W are free), and returns `logits` [B, T, classes]
+The exported model takes `images` [B, C, H, W], float32, as data.transforms.ImageTransform makes them
+from the checkpoint's preprocessing record (H is its height; B and W are free), and returns `logits` [B, T, classes]
 with T = W/4 + 1 frames (26 for W = 100); greedy CTC decoding (data.codec.CTCCodec.decode) turns them
 into text: class 0 is the blank, class i the alphabet's i-th character. The alphabet and the
 preprocessing travel inside the file as JSON (ONNX: metadata_props["crnn"]; TorchScript: the extra
@@ -28,6 +28,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,11 +38,11 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
 from data.codec import CTCCodec  # noqa: E402
 from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
-from data.transforms import ImageTransform  # noqa: E402
+from data.transforms import ImageTransform, Preprocessing  # noqa: E402
 from scripts.make_synthetic import find_fonts, render_sample  # noqa: E402
 from scripts.predict import image_paths  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
-from utils.config import Config, ConfigError, load_config  # noqa: E402
+from utils.config import ConfigError, load_config  # noqa: E402
 
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}
 # 17 is read by every current runtime (onnxruntime >= 1.13, TensorRT >= 8.6) and has every op used here.
@@ -69,12 +70,11 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def metadata(codec: CTCCodec, config: Config) -> dict[str, str]:
+def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
     """What a runtime needs besides the weights: the alphabet and how to make the input."""
-    data = config.data
     description = {"alphabet": codec.alphabet, "blank": 0, "fold_case": codec.fold_case,
-                   "img_height": data.img_height, "img_width": data.img_width, "keep_aspect": data.keep_aspect,
-                   "in_channels": config.model.in_channels, "input": "pixels / 127.5 - 1, [B, C, H, W]",
+                   "preprocessing": preprocessing.to_dict(),
+                   "input": "images [B, C, H, W]: (pixels / 255 - mean) / std after the preprocessing's resize",
                    "output": "logits [B, T, classes], T = W / 4 + 1; greedy CTC decoding"}
     return {"crnn": json.dumps(description, ensure_ascii=False)}
 
@@ -148,20 +148,21 @@ def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[
     return images[:limit], f"images from {', '.join(sources)}"
 
 
-def check_batches(images: list[tuple[str, bytes]], config: Config) -> list[tuple[list[str], Tensor]]:
+def check_batches(images: list[tuple[str, bytes]], preprocessing: Preprocessing) -> list[tuple[list[str], Tensor]]:
     """(names, images [B, C, H, W]) to compare on: every image as one batch at the checkpoint's width and
     at twice it, then each alone at its own width (its aspect ratio at the model's height)."""
-    data, channels = config.data, config.model.in_channels
-    batched = {data.img_width: [], 2 * data.img_width: []}
+    height, width = preprocessing.height, preprocessing.width
+    batched = {width: [], 2 * width: []}
     alone = []
     for name, image_bytes in images:
         try:
             with Image.open(io.BytesIO(image_bytes)) as image:
-                own_width = round(image.width * data.img_height / max(image.height, 1))
+                own_width = round(image.width * height / max(image.height, 1))
             own_width = min(MAX_WIDTH, max(MIN_WIDTH, own_width))
-            for width, batch in batched.items():
-                batch.append(ImageTransform(data.img_height, width, channels, data.keep_aspect)(image_bytes))
-            alone.append(([name], ImageTransform(data.img_height, own_width, channels)(image_bytes)[None]))
+            for batch_width, batch in batched.items():
+                batch.append(ImageTransform(replace(preprocessing, width=batch_width))(image_bytes))
+            alone.append(([name], ImageTransform(replace(preprocessing, width=own_width, keep_aspect=False)
+                                                 )(image_bytes)[None]))
         except Exception as error:  # Pillow raises many types on bad files
             print(f"{name}: cannot decode ({error}); not used in the check", file=sys.stderr)
     if not alone:
@@ -207,7 +208,7 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
 def main() -> int:
     args = parse_args()
     config = load_config(args.config, []) if args.config else None
-    model, codec, config = load_model(args.checkpoint, "cpu", config)
+    model, codec, config, preprocessing = load_model(args.checkpoint, "cpu", config)
     checkpoint = Path(args.checkpoint)
     out = args.out or checkpoint.with_name(checkpoint.stem + SUFFIXES[args.format])
     if out.resolve() == checkpoint.resolve():
@@ -216,10 +217,10 @@ def main() -> int:
     images, origin = check_images(args.check, codec.alphabet, args.check_limit)  # before exporting: fail early
 
     start = time.perf_counter()
-    extra = metadata(codec, config)
+    extra = metadata(codec, preprocessing)
     if args.format == "onnx":
         try:
-            example = torch.zeros(1, config.model.in_channels, config.data.img_height, config.data.img_width)
+            example = torch.zeros(1, *ImageTransform(preprocessing).output_shape)
             export_onnx(model, example, out, extra)
         except ImportError as error:
             raise ValueError(f"--format onnx needs the onnx package ({error}): pip install -r requirements-export.txt"
@@ -229,7 +230,7 @@ def main() -> int:
         export_torchscript(model, out, extra)
         exported = torchscript_runner(out)
     print(f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
-          f" images [batch, {config.model.in_channels}, {config.data.img_height}, width] -> logits [batch, frames,"
+          f" images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
           f" {codec.num_classes}]")
     if exported is None:
         print(f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"
@@ -237,7 +238,7 @@ def main() -> int:
         return 0
 
     print(f"checking against PyTorch on {origin}")
-    lines = compare(model, exported, codec, check_batches(images, config), args.tolerance)
+    lines = compare(model, exported, codec, check_batches(images, preprocessing), args.tolerance)
     print("\n".join(lines))
     return 1 if lines[-1].startswith("check FAILED") else 0
 

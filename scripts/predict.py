@@ -4,7 +4,7 @@
     python scripts/predict.py runs/crnn/best.pt scans/ a.jpg b.png          # a folder's image files, and files
     python scripts/predict.py runs/crnn/best.pt 'scans/**/*.png' --device cuda:0 --batch-size 256   # a glob
 
-The model, alphabet and preprocessing (image size, channels, keep_aspect) come from the checkpoint. A
+The model, alphabet and preprocessing (size, colour, resize filter, normalisation) come from the checkpoint. A
 folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
 The confidence is the product, over the characters read, of each one's highest frame probability
 (1.0000 for an empty text). An image that cannot be decoded is named on stderr and skipped; the others
@@ -97,9 +97,8 @@ def read_image(path: str, transform: ImageTransform) -> Tensor | None:
 def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None
             ) -> int:
     """Print one line per decodable image of `paths`; return how many could not be decoded."""
-    model, codec, config = load_model(checkpoint, device, config)
-    data = config.data
-    transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
+    model, codec, _, preprocessing = load_model(checkpoint, device, config)
+    transform = ImageTransform(preprocessing)
     undecodable = 0
     for start in range(0, len(paths), batch_size):
         decoded = [(path, read_image(path, transform)) for path in paths[start:start + batch_size]]

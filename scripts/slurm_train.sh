@@ -16,7 +16,24 @@
 #SBATCH --output=%x-%j.out
 set -euo pipefail
 
-config=${1:?usage: sbatch scripts/slurm_train.sh CONFIG [key=value ...]}
+usage="usage: sbatch scripts/slurm_train.sh CONFIG [key=value ...]  (--help: what it does)"
+if [[ $# -eq 0 ]]; then
+    echo "$usage" >&2
+    exit 2
+fi
+if [[ $1 == -h || $1 == --help ]]; then
+    # The header above, without the #SBATCH lines: what the script does and how to call it.
+    sed -n '2,/^#SBATCH/{/^#SBATCH/d;s/^# \{0,1\}//;p}' "$0"
+    exit 0
+fi
+for variable in SLURM_JOB_NODELIST SLURM_JOB_NUM_NODES SLURM_JOB_ID; do
+    if [[ -z ${!variable:-} ]]; then
+        echo "error: \$$variable is not set: this script runs inside a SLURM job; submit it with sbatch" >&2
+        echo "$usage" >&2
+        exit 2
+    fi
+done
+config=$1
 shift
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}

@@ -17,7 +17,7 @@ from torch import Tensor
 from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
 from data.lmdb_writer import write_lmdb
-from data.transforms import ImageTransform
+from data.transforms import ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
 from tests.test_lmdb_dataset import edit_lmdb
 
@@ -118,7 +118,7 @@ def odd_images_lmdb(tmp_path_factory):
 @pytest.mark.parametrize("keep_aspect", [False, True])
 def test_each_bad_image_in_an_lmdb_is_dropped_or_decoded_correctly(odd_images_lmdb, channels, keep_aspect):
     codec = CTCCodec(ALPHABET)
-    transform = ImageTransform(32, 100, channels, keep_aspect)
+    transform = ImageTransform(Preprocessing(32, 100, "L" if channels == 1 else "RGB", keep_aspect))
     dataset = LmdbDataset(odd_images_lmdb, codec, 26, transform)
     assert len(dataset) == len(UNDECODABLE) + len(UNUSUAL)  # images are not decoded by the label scan
     samples = [dataset[i] for i in range(len(dataset))]

@@ -28,7 +28,7 @@ def test_round_trip_loads_with_weights_only_and_strict(tmp_path):
     save_checkpoint(path, {"model": model.state_dict(), "config": to_dict(config), "alphabet": ALPHABET, "step": 3})
     raw = torch.load(path, weights_only=True)
     assert raw["step"] == 3 and not any(k.startswith(("module.", "_orig_mod.")) for k in raw["model"])
-    loaded, codec, loaded_config = load_model(path, "cpu")
+    loaded, codec, loaded_config, _ = load_model(path, "cpu")
     assert codec.alphabet == ALPHABET and loaded_config == config and not loaded.training
     images = torch.randn(2, 1, 32, 100)
     model.eval()
@@ -43,7 +43,7 @@ def test_prefixed_bare_state_dict_loads_with_a_config(tmp_path):
     torch.save(prefixed, path)
     with pytest.raises(ValueError, match="--config"):
         load_model(path, "cpu")
-    loaded, _, _ = load_model(path, "cpu", config)
+    loaded, _, _, _ = load_model(path, "cpu", config)
     assert loaded.state_dict().keys() == model.state_dict().keys()
 
 
@@ -59,14 +59,20 @@ def test_checkpoint_for_another_alphabet_is_a_clear_error(tmp_path):
         load_model(path, "cpu")
 
 
-def test_init_from_reinitialises_a_classifier_of_another_shape(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    source = small_model("abc")
-    save_checkpoint(path, {"model": source.state_dict()})
-    target = small_model(ALPHABET)
-    report = load_initial_weights(target, path)
-    assert "re-initialised (shape differs): sequence.1.linear.bias, sequence.1.linear.weight" in report
-    torch.testing.assert_close(target.backbone[0].weight, source.backbone[0].weight)
+def test_init_from_a_checkpoint_without_an_alphabet_leaves_the_classifier_fresh(tmp_path):
+    """Its rows cannot be matched to characters, whether or not their number fits."""
+    for source_alphabet in ("abc", ALPHABET):
+        path = tmp_path / "ckpt.pt"
+        source = small_model(source_alphabet)
+        save_checkpoint(path, {"model": source.state_dict()})  # a bare state dict: no alphabet
+        target = small_model(ALPHABET)
+        torch.manual_seed(1)
+        target.sequence[1].linear.reset_parameters()
+        fresh = target.sequence[1].linear.weight.clone()
+        report = load_initial_weights(target, path, alphabet=ALPHABET)
+        assert "sequence.1.linear.weight, sequence.1.linear.bias: fresh; the checkpoint records no alphabet" in report
+        torch.testing.assert_close(target.sequence[1].linear.weight, fresh)
+        torch.testing.assert_close(target.backbone[0].weight, source.backbone[0].weight)
 
 
 def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path):
@@ -77,13 +83,28 @@ def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path
     target = build_model("crnn", len("zqa") + 1, 1, 32)
     fresh_q = target.sequence[1].linear.weight[2].clone()
     report = load_initial_weights(target, path, alphabet="zqa")
-    assert "sequence.1.linear.weight: rows of the blank and 2 shared characters copied, 1 new characters fresh" in report
+    assert ("rows matched by character: 1 copied in place (the blank included), 2 moved, 1 new characters initialised"
+            " fresh; 4 characters of the checkpoint's alphabet not in data.alphabet dropped") in report
     assert "re-initialised" not in report
     new, old = target.sequence[1].linear, source.sequence[1].linear
     for new_row, old_row in [(0, 0), (1, 6), (3, 1)]:  # blank; z: 6th of abcxyz; a: 1st
         torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
         torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
     torch.testing.assert_close(new.weight[2], fresh_q)  # q is new: left as initialised
+
+
+def test_init_from_a_reordered_alphabet_of_the_same_size_moves_rows_by_character(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    source = small_model("abc")
+    save_checkpoint(path, {"model": source.state_dict(), "alphabet": "abc"})
+    target = small_model("cba")
+    report = load_initial_weights(target, path, alphabet="cba")
+    assert "loaded 62 of 62 tensors" in report
+    assert "2 copied in place (the blank included), 2 moved, 0 new characters" in report
+    new, old = target.sequence[1].linear, source.sequence[1].linear
+    for new_row, old_row in [(0, 0), (1, 3), (2, 2), (3, 1)]:  # blank; c; b stays; a
+        torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
+        torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
 
 
 def test_refuses_pickles_that_could_run_code(tmp_path):

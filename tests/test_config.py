@@ -58,3 +58,16 @@ def test_missing_config_file():
 def test_dict_round_trip():
     config = load_config("crnn.yaml", ["train.max_steps=11"])
     assert from_dict(to_dict(config)) == config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.interpolation=area"], r"data.interpolation: 'area' is not one of nearest, bilinear"),
+    (["data.mean=[0.5,0.5]"], r"data.mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
+    (["data.std=[0.0]"], r"data.std=\[0.0\]: each value must be positive"),
+    (["model.in_channels=3", "data.std=[0.2,0.2]"], r"data.std=\[0.2, 0.2\]: give 1 value, or one per channel \(3\)"),
+])
+def test_preprocessing_keys_are_checked(overrides, message):
+    config = load_config("crnn.yaml", overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate(config)
+    validate(load_config("crnn.yaml", ["model.in_channels=3", "data.mean=[0.485,0.456,0.406]", "data.std=[0.229]"]))

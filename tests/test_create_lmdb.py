@@ -91,3 +91,20 @@ def test_nothing_valid_keeps_the_existing_lmdb(tmp_path):
     assert "no valid samples" in result.stderr
     assert "image file missing" in result.stdout
     assert (out / "keep").read_text() == "an earlier dataset"
+
+
+def test_the_writer_maps_what_the_data_needs_and_grows_when_it_fills(tmp_path, monkeypatch):
+    import lmdb
+
+    from data import lmdb_writer
+
+    monkeypatch.setattr(lmdb_writer, "INITIAL_MAP_SIZE", 1 << 20)  # 1 MiB: filled many times over below
+    monkeypatch.setattr(lmdb_writer, "COMMIT_EVERY", 7)
+    samples = [(bytes([index % 251]) * 20_000, f"w{index}") for index in range(300)]  # 6 MB
+    assert lmdb_writer.write_lmdb(tmp_path / "grown", samples) == 300
+    assert read_lmdb(tmp_path / "grown") == samples
+    env = lmdb.open(str(tmp_path / "grown"), readonly=True, lock=False)
+    map_size = env.info()["map_size"]
+    env.close()
+    assert 6_000_000 < map_size <= 32 << 20  # doubled as needed, not a fixed terabyte
+    assert (tmp_path / "grown" / "data.mdb").stat().st_size <= map_size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,11 @@ import torch
 from PIL import Image
 
 from data.lmdb_writer import write_lmdb
+from utils.precision import resolve_precision
 
 from tests.conftest import REPO, run_env
 
-TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=2",
+TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=1",
                    "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32"]
 
 
@@ -40,7 +42,7 @@ def test_ddp_training_writes_checkpoints_config_and_metrics(ddp_run):
     assert (ddp_run / "last.pt").is_file() and (ddp_run / "best.pt").is_file()
     assert "batch_size: 8" in (ddp_run / "config.yaml").read_text()
     records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "val" not in r] == [2, 4]  # written once, by rank 0 only
+    assert [r["step"] for r in records if "val" not in r] == [1, 2, 3, 4]  # written once, by rank 0 only
     val = [r for r in records if "val" in r]
     assert [r["step"] for r in val] == [2, 4] and all(r["samples"] == 33 for r in val)  # each sample once
     checkpoint = torch.load(ddp_run / "last.pt", weights_only=True)
@@ -49,20 +51,44 @@ def test_ddp_training_writes_checkpoints_config_and_metrics(ddp_run):
     assert not [key for key in checkpoint["model"] if key.startswith(("module.", "_orig_mod."))]
 
 
+def logged_losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "val" not in r]
+
+
 def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "compiled"
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
          "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
          f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.compile=true"])
-
-    def losses(run_dir: Path) -> list[float]:
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [r["loss"] for r in records if "val" not in r]
-
-    # Fused kernels sum in another order: equal to float noise, grown a little by 4 Adam steps.
-    assert losses(out_dir) == pytest.approx(losses(ddp_run), rel=1e-3)
+    compiled, eager = logged_losses(out_dir), logged_losses(ddp_run)
+    # Step 1 runs both on the same weights, step 2 after one update: fused kernels only sum in another
+    # order. Later steps drift further, because Adam's first updates are about lr * sign(gradient), and
+    # the sign of a near-zero gradient is float noise (1.7e-3 by step 4 on an AVX-512 CPU, in fp32).
+    assert compiled[:2] == pytest.approx(eager[:2], rel=1e-5)
+    assert compiled == pytest.approx(eager, rel=2e-2)
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["model"].keys() == torch.load(ddp_run / "last.pt", weights_only=True)["model"].keys()
+
+
+@pytest.mark.skipif(resolve_precision("auto", torch.device("cpu")) != "bf16",
+                    reason="this CPU has no native bf16 (lscpu lists neither avx512_bf16 nor amx_bf16): bf16 is "
+                           "emulated there, minutes a step, and train.precision=auto picks fp32")
+def test_bf16_training_on_a_cpu_that_runs_it_natively(ddp_run, synth, tmp_path):
+    out_dir = tmp_path / "bf16"
+    output = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                  "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
+                  f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.precision=auto"])
+    assert "precision bf16" in output.stdout + output.stderr  # what auto picks on this CPU
+    bf16, fp32 = logged_losses(out_dir), logged_losses(ddp_run)
+    # The same weights and batch: bf16's 8-bit mantissa moves the first loss by about 1e-2, not more.
+    assert bf16[0] == pytest.approx(fp32[0], rel=3e-2)
+    assert all(math.isfinite(loss) for loss in bf16) and bf16[-1] < bf16[0]
+    checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
+    floats = [value for value in checkpoint["model"].values() if value.is_floating_point()]
+    assert all(value.dtype == torch.float32 and torch.isfinite(value).all() for value in floats)  # fp32 master weights
+    val = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
+    assert [r["samples"] for r in val] == [33, 33] and all(math.isfinite(r["loss"]) for r in val)
 
 
 def test_checkpoint_loads_in_a_fresh_cpu_process_strict_and_weights_only(ddp_run, synth):
@@ -74,7 +100,7 @@ model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256)
 model.load_state_dict(checkpoint['model'], strict=True)
 print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
 from utils.checkpoint import load_model
-model, codec, config = load_model({str(ddp_run / 'best.pt')!r}, 'cpu')
+model, codec, config, preprocessing = load_model({str(ddp_run / 'best.pt')!r}, 'cpu')
 print(codec.alphabet)
 """
     output = run([sys.executable, "-c", code]).stdout.split()
@@ -129,6 +155,17 @@ def test_resuming_from_weights_only_is_a_clear_error(ddp_run, synth, tmp_path):
                              f"train.resume={ddp_run / 'best.pt'}"],
                             cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "holds weights only (best.pt?)" in result.stderr
+
+
+def test_resuming_with_another_alphabet_is_a_clear_error(ddp_run, synth, tmp_path):
+    """Another order of the same characters too: the classifier's rows would mean other characters."""
+    for number, alphabet in enumerate(("0123456789abcdefghijklmnopqrstuvwxy", "1023456789abcdefghijklmnopqrstuvwxyz")):
+        result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+                                 f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / str(number)}", *TRAIN_OVERRIDES,
+                                 f"data.alphabet={alphabet}", f"train.resume={ddp_run / 'last.pt'}"],
+                                cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1
+        assert f"error: train.resume: {ddp_run / 'last.pt'} was trained with another alphabet" in result.stderr
 
 
 def test_ddp_training_survives_batches_emptied_by_undecodable_images(tmp_path):

@@ -82,9 +82,8 @@ def checkpoint(tiny_run) -> Path:
 
 def readings(checkpoint: Path, samples: list[tuple[bytes, str]]) -> list[str]:
     """The model's reading of each image, computed here the way scripts/eval.py computes it."""
-    model, codec, config = load_model(checkpoint)
-    transform = ImageTransform(config.data.img_height, config.data.img_width, config.model.in_channels,
-                               config.data.keep_aspect)
+    model, codec, _, preprocessing = load_model(checkpoint)
+    transform = ImageTransform(preprocessing)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the eval.sh processes, and leaving the other core to them
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.transforms import ImageTransform
+from data.transforms import ImageTransform, Preprocessing
 from utils.checkpoint import load_model
 
 from tests.conftest import REPO, read_lmdb, run_env
@@ -29,10 +29,10 @@ def export(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
 @torch.inference_mode()
 def assert_matches_pytorch(run, checkpoint: Path, synth: Path) -> None:
     """`run` (images -> logits) gives PyTorch's logits and texts at batch sizes 1 and 3, widths 100 and 160."""
-    model, codec, config = load_model(checkpoint, "cpu")
+    model, codec, config, _ = load_model(checkpoint, "cpu")
     images = [image_bytes for image_bytes, _ in read_lmdb(synth / "val")[:3]]
     for width in (100, 160):
-        batch = torch.stack([ImageTransform(32, width, 1)(image_bytes) for image_bytes in images])  # [3, 1, 32, W]
+        batch = torch.stack([ImageTransform(Preprocessing(32, width))(image_bytes) for image_bytes in images])  # [3, 1, 32, W]
         for size in (1, 3):
             expected, actual = model(batch[:size]), run(batch[:size])
             assert actual.shape == (size, width // 4 + 1, codec.num_classes)  # T = W/4 + 1
@@ -64,7 +64,10 @@ def test_onnx_export_checks_itself_on_rendered_images_and_runs_under_onnxruntime
     assert_matches_pytorch(lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0]),
                            checkpoint, synth)
     described = json.loads(session.get_modelmeta().custom_metadata_map["crnn"])
-    assert described["alphabet"] == "0123456789abcdefghijklmnopqrstuvwxyz" and described["img_height"] == 32
+    assert described["alphabet"] == "0123456789abcdefghijklmnopqrstuvwxyz"
+    assert described["preprocessing"] == {"height": 32, "width": 100, "color": "L", "keep_aspect": False,
+                                          "interpolation": "bilinear", "mean": [0.5], "std": [0.5],
+                                          "padding": "replicate"}
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
@@ -100,8 +103,9 @@ def test_without_onnxruntime_the_onnx_check_is_skipped_with_a_message(checkpoint
 def test_the_check_fails_on_differing_logits_or_texts(checkpoint, synth):
     from scripts.export import check_batches, compare
 
-    model, codec, config = load_model(checkpoint, "cpu")
-    batches = check_batches([(f"val{i}", image) for i, (image, _) in enumerate(read_lmdb(synth / "val")[:2])], config)
+    model, codec, _, preprocessing = load_model(checkpoint, "cpu")
+    batches = check_batches([(f"val{i}", image) for i, (image, _) in enumerate(read_lmdb(synth / "val")[:2])],
+                            preprocessing)
     assert compare(model, model, codec, batches, 1e-3)[-1] == "check passed"
     assert [images.shape[0] for _, images in batches] == [2, 2, 1, 1]
 

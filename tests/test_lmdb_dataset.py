@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
 from data.lmdb_writer import write_lmdb
-from data.transforms import ImageTransform
+from data.transforms import ImageTransform, Preprocessing
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -24,7 +24,7 @@ def png(width: int = 60, height: int = 20, color: int = 128) -> bytes:
 
 
 def transform() -> ImageTransform:
-    return ImageTransform(32, 100, channels=1)
+    return ImageTransform(Preprocessing(32, 100))
 
 
 def edit_lmdb(path, put: dict[bytes, bytes] | None = None, delete: list[bytes] = ()) -> None:
@@ -94,9 +94,9 @@ def test_dataset_is_opened_read_only(messy_lmdb):
 
 
 def test_images_are_normalised_to_minus_one_one_and_resized():
-    image = ImageTransform(32, 100, channels=1)(png(color=255))
+    image = ImageTransform(Preprocessing(32, 100))(png(color=255))
     assert image.shape == (1, 32, 100) and torch.allclose(image, torch.ones_like(image))
-    rgb = ImageTransform(32, 100, channels=3)(png(color=0))
+    rgb = ImageTransform(Preprocessing(32, 100, "RGB"))(png(color=0))
     assert rgb.shape == (3, 32, 100) and torch.allclose(rgb, -torch.ones_like(rgb))
 
 
@@ -105,7 +105,7 @@ def test_keep_aspect_pads_on_the_right_by_repeating_the_last_column():
     image = Image.new("L", (20, 32), 0)
     image.paste(255, (19, 0, 20, 32))  # a white last column
     image.save(buffer, format="PNG")
-    tensor = ImageTransform(32, 100, channels=1, keep_aspect=True)(buffer.getvalue())
+    tensor = ImageTransform(Preprocessing(32, 100, keep_aspect=True))(buffer.getvalue())
     assert tensor.shape == (1, 32, 100)
     assert tensor[0, :, 0].max() < 0 and torch.allclose(tensor[0, :, 30:], torch.ones(32, 70))
 

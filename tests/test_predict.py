@@ -43,9 +43,8 @@ def checkpoint(tiny_run) -> Path:
 @torch.inference_mode()
 def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
     """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows."""
-    model, codec, config = load_model(checkpoint, "cpu")
-    data = config.data
-    transform = ImageTransform(data.img_height, data.img_width, config.model.in_channels, data.keep_aspect)
+    model, codec, _, preprocessing = load_model(checkpoint, "cpu")
+    transform = ImageTransform(preprocessing)
     return [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
 
 

@@ -6,7 +6,7 @@ import torch
 import yaml
 
 from utils.checkpoint import save_checkpoint
-from utils.config import Config, ConfigError, to_dict
+from utils.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
 from utils.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
                               numbered_checkpoints, point_last_at, prune_checkpoints)
 
@@ -80,4 +80,52 @@ def test_checkpoints_without_a_config_are_not_guessed_at(tmp_path):
     config = used_folder(tmp_path)
     (tmp_path / "config.yaml").unlink()
     with pytest.raises(ConfigError, match="no readable config.yaml"):
+        check_run_folder(config)
+
+
+def changed(value):
+    """Another value of the same type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    return [*value, value[0] if value else 1]
+
+
+@pytest.mark.parametrize("key", sorted(leaf_fields()))
+def test_every_key_of_the_config_is_either_resumable_or_binds_the_run(tmp_path, key):
+    """A continued run may change exactly the keys declared resumable where they are defined."""
+    config = used_folder(tmp_path)
+    *sections, name = key.split(".")
+    node = config
+    for section in sections:
+        node = getattr(node, section)
+    setattr(node, name, changed(getattr(node, name)))
+    if key == "train.out_dir":  # the folder itself: a changed name is another folder, not this run's
+        return
+    if key in resumable_keys():
+        check_run_folder(config)
+    else:
+        with pytest.raises(ConfigError, match=f"another configuration:\\n  {key}: "):
+            check_run_folder(config)
+
+
+def test_how_a_run_is_executed_may_change_and_what_it_computes_may_not():
+    resumable = resumable_keys()
+    assert {"train.compile", "train.channels_last", "data.eval_width_step", "train.max_steps", "data.num_workers",
+            "train.precision", "device_ids"} <= resumable
+    assert not {"data.train", "data.alphabet", "data.img_height", "data.mean", "data.interpolation", "model.arch",
+                "optim.lr", "train.batch_size", "train.seed"} & resumable
+
+
+def test_a_run_started_before_a_key_existed_continues_with_that_key_at_its_default(tmp_path):
+    config = used_folder(tmp_path)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["data"]["interpolation"], saved["data"]["mean"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    check_run_folder(config)
+    config.data.interpolation = "bicubic"
+    with pytest.raises(ConfigError, match="data.interpolation: 'bilinear' -> 'bicubic'"):
         check_run_folder(config)

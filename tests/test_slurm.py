@@ -29,3 +29,20 @@ def test_slurm_script_starts_one_torchrun_per_node_with_a_shared_rendezvous(tmp_
 def test_slurm_script_without_a_config_says_how_to_call_it():
     result = subprocess.run(["bash", "scripts/slurm_train.sh"], cwd=REPO, env=run_env(), capture_output=True, text=True)
     assert result.returncode != 0 and "usage: sbatch scripts/slurm_train.sh CONFIG" in result.stderr
+
+
+def test_slurm_script_help_says_what_it_does_outside_a_slurm_job():
+    env = {key: value for key, value in run_env().items() if not key.startswith("SLURM_")}
+    result = subprocess.run(["bash", "scripts/slurm_train.sh", "--help"], cwd=REPO, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert "sbatch --nodes=4 scripts/slurm_train.sh crnn.yaml" in result.stdout and "#SBATCH" not in result.stdout
+
+
+def test_slurm_script_run_outside_a_slurm_job_says_to_submit_it():
+    env = {key: value for key, value in run_env().items() if not key.startswith("SLURM_")}
+    result = subprocess.run(["bash", "scripts/slurm_train.sh", "crnn.yaml"], cwd=REPO, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 2
+    assert "error: $SLURM_JOB_NODELIST is not set: this script runs inside a SLURM job; submit it with sbatch" \
+        in result.stderr

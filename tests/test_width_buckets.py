@@ -13,7 +13,7 @@ import torch
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
-from data.transforms import ImageTransform, image_size
+from data.transforms import ImageTransform, Preprocessing, image_size
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
 from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
 from utils.distributed import DistEnv
@@ -33,20 +33,20 @@ def test_width_batches_hold_one_width_and_every_position_once():
 
 def test_an_image_is_padded_to_the_next_step_and_reads_like_the_full_width_one(synth):
     image_bytes, _ = read_lmdb(synth / "val")[0]
-    full = ImageTransform(32, 100, 1, keep_aspect=True)(image_bytes)
-    stepped = ImageTransform(32, 100, 1, keep_aspect=True, width_step=8)(image_bytes)
-    resized = ImageTransform(32, 100, 1, keep_aspect=True).resized_width(*image_size(image_bytes))
+    full = ImageTransform(Preprocessing(32, 100, keep_aspect=True))(image_bytes)
+    stepped = ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=8)(image_bytes)
+    resized = ImageTransform(Preprocessing(32, 100, keep_aspect=True)).resized_width(*image_size(image_bytes))
     assert stepped.shape[-1] == min(100, -(-resized // 8) * 8) and full.shape[-1] == 100
     # The same pixels and the same repeated last column, only fewer of them.
     assert torch.equal(stepped, full[..., :stepped.shape[-1]])
     # Stretched images (keep_aspect false) are always img_width wide, whatever the step.
-    assert ImageTransform(32, 100, 1, width_step=8)(image_bytes).shape[-1] == 100
+    assert ImageTransform(Preprocessing(32, 100), width_step=8)(image_bytes).shape[-1] == 100
 
 
 def test_the_eval_loader_batches_by_width_and_keeps_every_sample(synth):
     codec = CTCCodec(load_alphabet(ALPHABET), fold_case=True)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    stepped = LmdbDataset(synth / "val", codec, 26, ImageTransform(32, 100, 1, keep_aspect=True, width_step=8))
+    stepped = LmdbDataset(synth / "val", codec, 26, ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=8))
     widths = []
     for batch in build_eval_loader(stepped, codec, 4, 0, env):
         assert len({image.shape[-1] for image in batch.images}) == 1
@@ -55,7 +55,7 @@ def test_the_eval_loader_batches_by_width_and_keeps_every_sample(synth):
     assert widths == sorted(widths)  # narrowest first
     assert sorted(widths) == sorted(stepped.padded_widths().tolist())
     # eval_width_step 0: every image at img_width, as in training.
-    full = LmdbDataset(synth / "val", codec, 26, ImageTransform(32, 100, 1, keep_aspect=True))
+    full = LmdbDataset(synth / "val", codec, 26, ImageTransform(Preprocessing(32, 100, keep_aspect=True)))
     assert {batch.images.shape[-1] for batch in build_eval_loader(full, codec, 4, 0, env)} == {100}
 
 
@@ -87,8 +87,8 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
     assert dumps[0] == dumps[1] and tables[0] == tables[1]
 
     # Each image alone, at its own padded width, reads as it did inside its batch.
-    model, codec, config = load_model(keep_aspect_checkpoint)
-    transform = ImageTransform(32, 100, 1, keep_aspect=True, width_step=config.data.eval_width_step)
+    model, codec, config, _ = load_model(keep_aspect_checkpoint)
+    transform = ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=config.data.eval_width_step)
     samples = read_lmdb(synth / "val")
     predictions = {int(line.split("\t")[1]): line.split("\t")[3] for line in dumps[0][1:]}
     threads = torch.get_num_threads()

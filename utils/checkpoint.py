@@ -1,7 +1,8 @@
 """Checkpoints: written atomically, read with weights-only unpickling, free of wrapper prefixes.
 
 A checkpoint is a dict of tensors and plain Python values: `model` (the unwrapped state dict),
-`step`, `config` (a plain dict), `alphabet` and `versions`, and in training checkpoints also the
+`step`, `config` (a plain dict), `alphabet`, `preprocessing` (data.transforms.Preprocessing as a
+dict) and `versions`, and in training checkpoints also the
 optimizer, scheduler, scaler, RNG and log state (README, "Checkpoints"). `torch.load(path,
 weights_only=True)` reads it on any device.
 """
@@ -18,6 +19,7 @@ from torch import nn
 
 from data.codec import CTCCodec
 from data.alphabet import load_alphabet
+from data.transforms import Preprocessing
 from models import build_model
 from utils.config import Config, ConfigError, from_dict
 
@@ -79,16 +81,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", config: Config | None = None
-               ) -> tuple[nn.Module, CTCCodec, Config]:
-    """A model ready for inference on `device`, its codec and config, from one checkpoint file.
+               ) -> tuple[nn.Module, CTCCodec, Config, Preprocessing]:
+    """A model ready for inference on `device`, its codec, config and preprocessing, from one file.
 
-    The architecture and alphabet come from the checkpoint; a bare state dict needs `config`.
+    The architecture, alphabet and preprocessing come from the checkpoint; a bare state dict needs
+    `config`, whose data section then describes the preprocessing.
     """
     checkpoint = load_checkpoint(path, map_location=device)
     if "config" in checkpoint:
         config = from_dict(checkpoint["config"])
+        preprocessing = Preprocessing.from_checkpoint(checkpoint, str(path))
     elif config is None:
         raise ConfigError(f"{path} is a bare state dict: pass --config with the model and alphabet it was trained with")
+    else:
+        preprocessing = Preprocessing.from_config(config)
     alphabet = checkpoint.get("alphabet") or load_alphabet(config.data.alphabet)
     codec = CTCCodec(alphabet, config.data.fold_case)
     model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
@@ -99,35 +105,61 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", config: Con
             f"{path}: its weights do not fit a {config.model.arch} model for {codec.num_classes - 1} characters"
             f" (another alphabet or architecture?):\n{error}"
         ) from None
-    return model.to(device).eval(), codec, config
+    return model.to(device).eval(), codec, config, preprocessing
 
 
-def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str | None = None) -> str:
+def classifier_keys(state_dict: dict[str, torch.Tensor], num_classes: int) -> list[str]:
+    """The output layer's tensors, those with one row per class (blank first): the last module of the
+    state dict whose tensors have `num_classes` rows. [] if there is none."""
+    rows = [key for key, value in state_dict.items() if value.ndim and value.shape[0] == num_classes]
+    if not rows:
+        return []
+    module = rows[-1].rpartition(".")[0]
+    return [key for key in rows if key.rpartition(".")[0] == module]
+
+
+def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str) -> str:
     """Copy every tensor of `path` whose name and shape match into `model`; report what happened.
 
-    Used by `train.init_from`. When the checkpoint was trained for another alphabet, the classifier
-    rows of the characters both alphabets share (and of the CTC blank) are copied to their new
-    places, and the rows of new characters keep their fresh initialisation.
+    Used by `train.init_from`. The classifier's rows are matched by character whenever the
+    checkpoint's alphabet differs from `alphabet` (in order or in content): a shared character's row
+    is copied to its new place, the blank's stays first, and the rows of new characters keep their
+    fresh initialisation. A checkpoint that records no alphabet cannot be matched, so its
+    classifier is not used.
     """
     checkpoint = load_checkpoint(path)
     source, target = checkpoint["model"], model.state_dict()
-    loaded = {key: value for key, value in source.items() if key in target and target[key].shape == value.shape}
+    classifier = classifier_keys(target, len(alphabet) + 1)
+    loaded = {key: value for key, value in source.items()
+              if key in target and target[key].shape == value.shape and key not in classifier}
     lines = []
     old_alphabet = checkpoint.get("alphabet")
-    if alphabet and old_alphabet and old_alphabet != alphabet:
-        # Tensors with one row per class (blank first): the classifier's weight and bias.
+    if classifier and not old_alphabet:
+        lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
+                     f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: import it with "
+                     f"its character list)")
+    elif classifier:
         old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
         mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
-        for key, value in source.items():
-            if (key in target and key not in loaded and value.shape[0] == len(old_alphabet) + 1
-                    and target[key].shape == (len(alphabet) + 1, *value.shape[1:])):
+        fits = all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
+                   for key in classifier)
+        if fits:
+            for key in classifier:
                 mapped = target[key].clone()
                 for new, old in mapping:
-                    mapped[new] = value[old]
+                    mapped[new] = source[key][old]
                 loaded[key] = mapped
-                lines.append(f"  {key}: rows of the blank and {len(mapping) - 1} shared characters copied, "
-                             f"{len(alphabet) + 1 - len(mapping)} new characters fresh")
-    reinitialised = sorted(key for key in source if key in target and key not in loaded)
+            moved = sum(new != old for new, old in mapping)
+            dropped = len(old_alphabet) - (len(mapping) - 1)
+            lines.append(f"  classifier ({', '.join(classifier)}): rows matched by character: "
+                         f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
+                         f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
+                         + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
+                            if dropped else ""))
+        else:
+            lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
+                         f"alphabet of {len(old_alphabet)} characters")
+    reinitialised = sorted(key for key in source if key in target and key not in loaded and key not in classifier)
     unexpected = sorted(key for key in source if key not in target)
     missing = sorted(key for key in target if key not in source)
     model.load_state_dict(loaded, strict=False)

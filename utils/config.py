@@ -14,14 +14,24 @@ from typing import Any
 
 import yaml
 
+from data.transforms import INTERPOLATIONS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
+RESUMABLE = "may_change_on_resume"
+
+
+def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A field that may change when a run is continued: how long it runs, how often it logs, evaluates
+    and saves, how it is spread over processes and devices. Every other field (data, model,
+    optimiser, batch, seed) defines the run, and a folder holding a run refuses another value."""
+    return field(default=default, default_factory=factory, metadata={RESUMABLE: True})
 
 
 @dataclass
 class DataConfig:
     train: list[str] = field(default_factory=lambda: ["datasets/synth/train"])  # LMDB folders
-    val: list[str] = field(default_factory=lambda: ["datasets/synth/val"])
+    val: list[str] = resumable(factory=lambda: ["datasets/synth/val"])
     # Share of each global batch drawn from each data.train entry, e.g. [0.5, 0.5] for MJSynth +
     # SynthText; empty: one shuffle of all of them together (each in proportion to its size).
     train_ratios: list[float] = field(default_factory=list)
@@ -31,10 +41,16 @@ class DataConfig:
     img_height: int = 32
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
+    interpolation: str = "bilinear"  # resize filter: nearest | bilinear | bicubic | lanczos | box | hamming
+    # Normalisation, torchvision's (pixels / 255 - mean) / std: one value for every channel or one per
+    # channel. 0.5 and 0.5 map pixels to [-1, 1]. Stored with the rest of the preprocessing in every
+    # checkpoint, which is what evaluation, prediction and export then apply.
+    mean: list[float] = field(default_factory=lambda: [0.5])
+    std: list[float] = field(default_factory=lambda: [0.5])
     # With keep_aspect, evaluation pads each image only to the next multiple of this many pixels
     # and batches images of equal width (faster, same results for any batching); 0: pad to img_width.
-    eval_width_step: int = 8
-    num_workers: int = 2  # data-loader worker processes per training process
+    eval_width_step: int = resumable(8)
+    num_workers: int = resumable(2)  # data-loader worker processes per training process
 
 
 @dataclass
@@ -62,27 +78,27 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 32  # global: across all processes; each takes batch_size / world_size
-    max_steps: int = 1000  # optimizer steps
-    eval_every: int = 250
-    log_every: int = 50
-    eval_batch_size: int = 128  # global, like batch_size
-    out_dir: str = "runs/crnn"
+    max_steps: int = resumable(1000)  # optimizer steps
+    eval_every: int = resumable(250)
+    log_every: int = resumable(50)
+    eval_batch_size: int = resumable(128)  # global, like batch_size
+    out_dir: str = resumable("runs/crnn")
     seed: int = 0
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
-    channels_last: bool = True
+    precision: str = resumable("auto")  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
+    channels_last: bool = resumable(True)
     # torch.compile the training step's model (the first steps then take minutes to compile). It
     # speeds up GPUs; on a CPU the step is the convolutions' own time and it gained nothing (README).
-    compile: bool = False
-    tensorboard: bool = True  # scalars and decoded validation samples in out_dir/tensorboard (rank 0)
-    threads: int = 0  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
-    save_every: int = 250  # steps between full checkpoints (also written at the end and when stopped)
-    keep_checkpoints: int = 3  # the newest K numbered checkpoints are kept; best.pt is kept apart
+    compile: bool = resumable(False)
+    tensorboard: bool = resumable(True)  # scalars and decoded validation samples in out_dir/tensorboard (rank 0)
+    threads: int = resumable(0)  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
+    save_every: int = resumable(250)  # steps between full checkpoints (also written at the end and when stopped)
+    keep_checkpoints: int = resumable(3)  # the newest K numbered checkpoints are kept; best.pt is kept apart
     # auto: continue from the newest valid checkpoint in out_dir, if any; none: start afresh;
     # or the path of a checkpoint to continue from (model, optimizer, scheduler, data position, RNG).
-    resume: str = "auto"
-    overwrite: bool = False  # start afresh in an out_dir that holds another run, deleting its checkpoints
-    init_from: str = ""  # a checkpoint whose weights start this run (its optimizer is not used)
-    max_nonfinite_steps: int = 20  # consecutive steps skipped for a NaN/inf gradient before the run stops
+    resume: str = resumable("auto")
+    overwrite: bool = resumable(False)  # start afresh in an out_dir that holds another run, deleting its checkpoints
+    init_from: str = resumable("")  # a checkpoint whose weights start this run (its optimizer is not used)
+    max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
 
 
 @dataclass
@@ -93,7 +109,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     # Physical GPU of each local rank on a shared server (local rank i uses device_ids[i]);
     # empty: local rank i uses cuda:i. CUDA_VISIBLE_DEVICES does the same from outside.
-    device_ids: list[int] = field(default_factory=list)
+    device_ids: list[int] = resumable(factory=list)
 
 
 class ConfigError(ValueError):
@@ -209,6 +225,7 @@ def validate(config: Config) -> None:
         "optim.schedule": (config.optim.schedule, ("cosine", "constant")),
         "train.precision": (config.train.precision, ("auto", "fp32", "bf16", "fp16")),
         "model.in_channels": (config.model.in_channels, (1, 3)),
+        "data.interpolation": (config.data.interpolation, tuple(INTERPOLATIONS)),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -228,6 +245,11 @@ def validate(config: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    for key, values in (("data.mean", config.data.mean), ("data.std", config.data.std)):
+        if len(values) not in (1, config.model.in_channels):
+            raise ConfigError(f"{key}={values}: give 1 value, or one per channel ({config.model.in_channels})")
+    if min(config.data.std, default=0) <= 0:
+        raise ConfigError(f"data.std={config.data.std}: each value must be positive (pixels are divided by it)")
     if config.data.eval_width_step < 0:
         raise ConfigError(f"data.eval_width_step must be 0 or more, got {config.data.eval_width_step}")
     if config.data.num_workers < 0:
@@ -243,6 +265,24 @@ def validate(config: Config) -> None:
     if config.train.resume not in ("auto", "none") and config.train.init_from:
         raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
                           " init_from starts one; keep one of them")
+
+
+def leaf_fields(node: Any = None, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every key of the config that holds a value (`train.max_steps`, ...), with its field."""
+    node = Config() if node is None else node
+    leaves = {}
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            leaves.update(leaf_fields(value, prefix=f"{prefix}{item.name}."))
+        else:
+            leaves[f"{prefix}{item.name}"] = item
+    return leaves
+
+
+def resumable_keys() -> set[str]:
+    """The keys a continued run may change (declared with `resumable` where each key is defined)."""
+    return {key for key, item in leaf_fields().items() if item.metadata.get(RESUMABLE)}
 
 
 def to_dict(config: Config) -> dict:

@@ -17,7 +17,6 @@ from utils.losses import ctc_losses
 from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from utils.precision import autocast
 from utils.preemption import ignore_stop_signals
-from utils.visualize import tensor_to_image
 
 
 def width_batches(widths: np.ndarray, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
@@ -103,7 +102,7 @@ def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, devi
         width = max(image.shape[-1] for image, _ in samples)
         logits = model(torch.stack([pad_right(image, width) for image, _ in samples]).to(device))
         for (image, label), (text, confidence) in zip(samples, codec.decode(logits)):
-            cells.append((tensor_to_image(image), [(f"label: {label}", "black"),
+            cells.append((dataset.transform.to_image(image), [(f"label: {label}", "black"),
                                                    (f"read: {text}  ({confidence:.2f})", "black" if text == label else "firebrick")]))
     model.train(was_training)
     return cells

@@ -17,17 +17,10 @@ from typing import Any, Callable
 import yaml
 
 from utils.checkpoint import load_checkpoint
-from utils.config import Config, ConfigError, to_dict
+from utils.config import Config, ConfigError, resumable_keys, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 RUN_FILES = ("config.yaml", "last.pt", "best.pt", "metrics.jsonl", "tensorboard")
-# What may change when a run is continued: its length, how often it logs and saves, how it is spread
-# over processes. Anything else (data, model, optimiser, batch, seed) makes it another run.
-RESUMABLE_CHANGES = {
-    "train.max_steps", "train.eval_every", "train.log_every", "train.save_every", "train.keep_checkpoints",
-    "train.eval_batch_size", "train.threads", "train.resume", "train.init_from", "train.overwrite",
-    "train.out_dir", "train.precision", "train.tensorboard", "train.max_nonfinite_steps", "data.num_workers", "data.val", "device_ids",
-}
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -80,16 +73,28 @@ def holds_a_run(out_dir: str | Path) -> bool:
 
 
 def config_differences(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: old -> new` for every key outside RESUMABLE_CHANGES whose value differs."""
+    """`key: old -> new` for every key that defines the run (see utils.config.resumable) whose value differs."""
     differences = []
+    resumable = resumable_keys()
     for key in sorted(set(previous) | set(current)):
         full_key = f"{prefix}{key}"
         old, new = previous.get(key), current.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
             differences += config_differences(old, new, prefix=f"{full_key}.")
-        elif old != new and full_key not in RESUMABLE_CHANGES:
+        elif old != new and full_key not in resumable:
             differences.append(f"{full_key}: {old!r} -> {new!r}")
     return differences
+
+
+def with_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`values`, plus every key of `defaults` it lacks (in nested sections too)."""
+    merged = dict(values)
+    for key, default in defaults.items():
+        if key not in merged:
+            merged[key] = default
+        elif isinstance(default, dict) and isinstance(merged[key], dict):
+            merged[key] = with_defaults(merged[key], default)
+    return merged
 
 
 def check_run_folder(config: Config) -> None:
@@ -111,7 +116,8 @@ def check_run_folder(config: Config) -> None:
     if not isinstance(previous, dict):
         raise ConfigError(f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
                           f"train.out_dir or set train.overwrite=true")
-    differences = config_differences(previous, to_dict(config))
+    # A key the saved config lacks was added to the project after that run started: it ran with the default.
+    differences = config_differences(with_defaults(previous, to_dict(Config())), to_dict(config))
     if differences:
         raise ConfigError(
             f"train.out_dir={out_dir} holds a run with another configuration:\n  " + "\n  ".join(differences)

@@ -1,7 +1,7 @@
 """Pictures for people: images with captions in a grid, to look at samples instead of reading them.
 
 Used by training (validation samples in TensorBoard), scripts/eval.py (--errors) and
-scripts/inspect_lmdb.py (--montage). Torch-free except `tensor_to_image`'s argument.
+scripts/inspect_lmdb.py (--montage). Torch-free.
 """
 from __future__ import annotations
 
@@ -39,12 +39,6 @@ def fit_text(text: str, font: ImageFont.ImageFont, width: int) -> str:
     while text and font.getlength(text + "...") > width:
         text = text[:-1]
     return text + "..."
-
-
-def tensor_to_image(image) -> Image.Image:
-    """A `[C, H, W]` tensor in [-1, 1] (what ImageTransform makes) as a PIL image."""
-    pixels = ((image.detach().float().cpu() + 1) * 127.5).clamp(0, 255).byte()
-    return Image.fromarray(pixels[0].numpy() if pixels.shape[0] == 1 else pixels.permute(1, 2, 0).numpy())
 
 
 def caption_grid(cells: list[tuple[Image.Image | str, list[tuple[str, str]]]], empty_note: str = "nothing to show"

@@ -1,0 +1,112 @@
+"""The preprocessing travels with the model: a run records it in its checkpoints, and evaluation,
+prediction and export apply the checkpoint's record, whatever the code's defaults say."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.transforms import LEGACY, ImageTransform, Preprocessing, PreprocessingError
+from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
+from tests.conftest import REPO, read_lmdb, run_env
+
+# A record unlike every default: a transform built from the config instead would feed other numbers.
+RECORD = {"height": 32, "width": 100, "color": "L", "keep_aspect": False, "interpolation": "nearest",
+          "mean": [0.3], "std": [0.2], "padding": "replicate"}
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_run, tmp_path_factory) -> Path:
+    """tiny_run's best.pt with RECORD as its preprocessing (its config keeps the defaults), and a
+    classifier sharpened 50 times: the 4-step model reads every image alike, and the test needs
+    readings that change with the input."""
+    checkpoint = load_checkpoint(tiny_run / "best.pt")
+    checkpoint["preprocessing"] = RECORD
+    for key in ("sequence.1.linear.weight", "sequence.1.linear.bias"):
+        checkpoint["model"][key] = checkpoint["model"][key] * 50
+    path = tmp_path_factory.mktemp("recorded") / "best.pt"
+    save_checkpoint(path, checkpoint)
+    return path
+
+
+def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
+    out_dir = tmp_path / "run"
+    subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+                    f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.max_steps=2", "train.batch_size=8",
+                    "train.eval_every=2", "model.hidden_size=16", "data.num_workers=0", "train.precision=fp32",
+                    "data.interpolation=bicubic", "data.mean=[0.4]", "data.std=[0.25]", "data.keep_aspect=true"],
+                   cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
+    for name in ("best.pt", "last.pt"):
+        record = torch.load(out_dir / name, weights_only=True)["preprocessing"]
+        assert record == {"height": 32, "width": 100, "color": "L", "keep_aspect": True, "interpolation": "bicubic",
+                          "mean": [0.4], "std": [0.25], "padding": "replicate"}
+
+
+def test_load_model_returns_the_checkpoint_record_not_the_config(recorded):
+    *_, preprocessing = load_model(recorded)
+    assert preprocessing.to_dict() == RECORD
+
+
+def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path):
+    samples = read_lmdb(synth / "val")[:6]
+    paths = []
+    for index, (image_bytes, _) in enumerate(samples):
+        paths.append(tmp_path / f"{index}.jpg")
+        paths[-1].write_bytes(image_bytes)
+    model, codec, _, _ = load_model(recorded)
+    with torch.inference_mode():
+        expected = codec.decode(model(torch.stack([ImageTransform(Preprocessing.from_dict(RECORD, "test"))(image)
+                                                   for image, _ in samples])))
+        default = codec.decode(model(torch.stack([ImageTransform(Preprocessing(32, 100))(image) for image, _ in samples])))
+    # Printed with 4 decimals: a transform other than the record's would be told apart here.
+    assert max(abs(a[1] - b[1]) for a, b in zip(expected, default)) > 5e-4
+
+    result = subprocess.run([sys.executable, "scripts/predict.py", str(recorded), *map(str, paths)], cwd=REPO,
+                            env=run_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    read = [(text, float(confidence)) for _, text, confidence in (line.split("\t") for line in result.stdout.splitlines())]
+    assert [text for text, _ in read] == [text for text, _ in expected]
+    assert [confidence for _, confidence in read] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+
+    dump = tmp_path / "dump.tsv"
+    result = subprocess.run(["bash", "scripts/eval.sh", str(recorded), str(synth / "val"), "--dump", str(dump),
+                             "--metric-mode", "exact"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(dump.open(), delimiter="\t"))[:6]
+    assert [row["prediction"] for row in rows] == [text for text, _ in expected]
+    assert [float(row["confidence"]) for row in rows] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+
+
+def test_a_checkpoint_from_before_the_record_gets_the_constants_of_its_time():
+    config = {"data": {"img_height": 32, "img_width": 128, "keep_aspect": True}, "model": {"in_channels": 3}}
+    preprocessing = Preprocessing.from_checkpoint({"config": config}, "old.pt")
+    assert preprocessing.to_dict() == {"height": 32, "width": 128, "color": "RGB", "keep_aspect": True, **LEGACY}
+
+
+def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_file():
+    with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot "
+                                                 r"apply: \['deskew'\]"):
+        Preprocessing.from_dict({**RECORD, "deskew": True}, "fork.pt")
+    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation "
+                                                 "'area' is not one of"):
+        Preprocessing.from_dict({**RECORD, "interpolation": "area"}, "fork.pt")
+
+
+def test_normalisation_maps_pixels_as_torchvision_does_and_back():
+    image = Preprocessing(4, 6, "RGB", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    transform = ImageTransform(image)
+    from PIL import Image
+    pixels = Image.new("RGB", (6, 4), (255, 128, 0))
+    tensor = transform.to_tensor(pixels)
+    expected = (torch.tensor([255, 128, 0]) / 255 - torch.tensor(image.mean)) / torch.tensor(image.std)
+    torch.testing.assert_close(tensor[:, 0, 0], expected.float())
+    assert transform.to_image(tensor).getpixel((0, 0)) == (255, 128, 0)
+    default = ImageTransform(Preprocessing(4, 6))
+    assert default.to_tensor(Image.new("L", (6, 4), 255)).unique().tolist() == [1.0]
+    assert default.to_tensor(Image.new("L", (6, 4), 0)).unique().tolist() == [-1.0]
