@@ -15,7 +15,7 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,12 @@ import torch
 import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import ConcatDataset, DataLoader
+from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
 from data.alphabet import load_alphabet
-from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.augment import Augmentation
+from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset, SeededSamples
 from data.sampler import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
 from models import build_model, count_parameters, output_frames
@@ -61,7 +62,7 @@ def parse_args() -> argparse.Namespace:
 
 def build_train_loader(config: Config, codec: CTCCodec, datasets: list[LmdbDataset], env: DistEnv
                        ) -> tuple[DataLoader, GlobalBatchSampler]:
-    dataset = ConcatDataset(datasets)
+    dataset = SeededSamples(datasets)
     sampler = GlobalBatchSampler([len(d) for d in datasets], config.train.batch_size, env.rank, env.world_size,
                                  config.train.seed, config.data.train_ratios or None)
     if sampler.batches_per_epoch == 0:
@@ -71,7 +72,8 @@ def build_train_loader(config: Config, codec: CTCCodec, datasets: list[LmdbDatas
                         collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
                         pin_memory=env.device.type == "cuda", persistent_workers=config.data.num_workers > 0,
                         worker_init_fn=ignore_stop_signals,
-                        # Its own generator: worker seeds then neither draw from nor depend on the global RNG.
+                        # Its own generator: worker seeds then neither draw from nor depend on the global RNG
+                        # (augmentation draws from each sample's own seed, not from the workers').
                         generator=torch.Generator().manual_seed(config.train.seed + env.rank))
     return loader, sampler
 
@@ -152,13 +154,16 @@ class Setup:
 def build_setup(config: Config, env: DistEnv) -> Setup:
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
-    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
+    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size,
+                        channels=tuple(config.model.channels))
     frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
     if config.model.sync_bn and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
     data = config.data
     preprocessing = Preprocessing.from_config(config)
-    train_sets = [LmdbDataset(root, codec, frames, ImageTransform(preprocessing)) for root in data.train]
+    augmentation = Augmentation.from_config(data.augment, asdict(config.augment))
+    train_sets = [LmdbDataset(root, codec, frames, ImageTransform(preprocessing, augmentation=augmentation))
+                  for root in data.train]
     val_transform = ImageTransform(preprocessing, data.eval_width_step)
     val_sets = [LmdbDataset(root, codec, frames, val_transform) for root in data.val]
     loader, sampler = build_train_loader(config, codec, train_sets, env)
@@ -239,6 +244,10 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         log.info(dataset.report.summary())
     val_loaders = [build_eval_loader(dataset, codec, config.train.eval_batch_size // env.world_size,
                                      config.data.num_workers, env) for dataset in val_sets]
+    # Their persistent workers are forked now, while no other thread runs: a fork at the first
+    # validation, with DDP's threads busy, can deadlock the child on CPython < 3.12 (cpython#112275).
+    for loader in val_loaders:
+        iter(loader)
 
     # --- where to start ---------------------------------------------------------------------------
     window = LogWindow(env.device)

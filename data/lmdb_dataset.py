@@ -181,6 +181,10 @@ class LmdbDataset(Dataset):
         return widths
 
     def __getitem__(self, position: int) -> tuple[Tensor, str] | None:
+        return self.load(position)
+
+    def load(self, position: int, augment_seed: int | None = None) -> tuple[Tensor, str] | None:
+        """Sample `position`, augmented as `augment_seed` draws if the transform augments."""
         index = int(self.indices[position])
         with shared_lmdb(self.root).begin(buffers=True) as txn:
             label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
@@ -189,11 +193,27 @@ class LmdbDataset(Dataset):
         if image_bytes is None:
             return None
         try:
-            image = self.transform(image_bytes)
+            image = self.transform(image_bytes, augment_seed)
         except Exception:  # any decoding failure: the collate function drops and counts the sample
             return None
         label = self.codec.normalize(label)
         return image, self.codec.remove_unknown(label) if self.remove_unknown else label
+
+
+class SeededSamples(Dataset):
+    """Datasets concatenated, read by `(index, augment seed)` pairs, as data.sampler.GlobalBatchSampler yields them."""
+
+    def __init__(self, datasets: list[LmdbDataset]) -> None:
+        self.datasets = datasets
+        self.offsets = np.cumsum([0] + [len(dataset) for dataset in datasets])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[Tensor, str] | None:
+        index, seed = item
+        which = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return self.datasets[which].load(index - int(self.offsets[which]), seed)
 
 
 @dataclass

@@ -19,8 +19,10 @@ COMMIT_EVERY = 1000
 INITIAL_MAP_SIZE = 64 << 20
 
 
-def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite: bool = False) -> int:
-    """Write `(image_bytes, label)` pairs to a new LMDB folder at `path`; return how many.
+def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]],
+               overwrite: bool = False) -> int:
+    """Write `(image_bytes, label)` pairs to a new LMDB folder at `path`; return how many. A third
+    item, if given, is stored as `meta-%09d` (what made the sample; readers of the format ignore it).
 
     The LMDB is built in a temporary folder beside `path` and renamed into place at the end, so a
     crash never leaves a half-written dataset where a good one was. An existing `path` is an error
@@ -34,10 +36,11 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite
     try:
         env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True)
         count = 0
-        pending: list[tuple[bytes, bytes, bytes, bytes]] = []  # written since the last commit
-        for image_bytes, label in samples:
+        pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
+        for image_bytes, label, *meta in samples:
             count += 1
-            pending.append((b"image-%09d" % count, image_bytes, b"label-%09d" % count, label.encode("utf-8")))
+            pending.append([(b"image-%09d" % count, image_bytes), (b"label-%09d" % count, label.encode("utf-8")),
+                            *((b"meta-%09d" % count, value) for value in meta)])
             if len(pending) == COMMIT_EVERY:
                 commit(env, pending)
                 pending = []
@@ -53,15 +56,14 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str]], overwrite
     return count
 
 
-def commit(env: lmdb.Environment, pending: list[tuple[bytes, bytes, bytes, bytes]], num_samples: int | None = None
-           ) -> None:
-    """Write `pending` (image key, image, label key, label) in one transaction, doubling the map until it fits."""
+def commit(env: lmdb.Environment, pending: list[list[tuple[bytes, bytes]]], num_samples: int | None = None) -> None:
+    """Write `pending` (each sample's keys and values) in one transaction, doubling the map until it fits."""
     while True:
         try:
             with env.begin(write=True) as txn:
-                for image_key, image_bytes, label_key, label in pending:
-                    txn.put(image_key, image_bytes)
-                    txn.put(label_key, label)
+                for pairs in pending:
+                    for key, value in pairs:
+                        txn.put(key, value)
                 if num_samples is not None:
                     txn.put(b"num-samples", str(num_samples).encode())
             return

@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import Sampler
 
 
-class GlobalBatchSampler(Sampler[list[int]]):
+class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Yields this rank's slice of global batches `start .. end - 1`, as indices into the datasets
-    concatenated in order.
+    concatenated in order, each with its augmentation seed.
 
     Without ratios, epoch `e` shuffles all samples with a generator seeded by `seed + e`, and global
     batch `k` is the `k % batches_per_epoch`-th run of `B` positions of epoch `k // batches_per_epoch`
@@ -96,9 +96,16 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 counts[bisect.bisect_right(self.offsets, index) - 1] += 1
         return counts
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        """This rank's `(index, augment seed)` pairs of each batch: the seed depends on the seed, the step
+        and the place in the global batch, so augmentation is as exact across resumes and process
+        counts as the order is."""
         for step in range(self.start, self.end):
-            yield self.global_batch_indices(step)[self.slice_start:self.slice_start + self.per_rank]
+            indices = self.global_batch_indices(step)[self.slice_start:self.slice_start + self.per_rank]
+            yield [(index, self.augment_seed(step, self.slice_start + slot)) for slot, index in enumerate(indices)]
+
+    def augment_seed(self, step: int, slot: int) -> int:
+        return (self.seed * 1_000_003 + step) * self.global_batch + slot
 
     def __len__(self) -> int:
         return max(0, self.end - self.start)

@@ -19,6 +19,8 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
+from data.augment import Augmentation
+
 SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
@@ -138,11 +140,15 @@ class ImageTransform:
     wide) and the right side is padded by repeating the last column, so narrow words are not
     stretched. `width_step` (evaluation) pads only up to the next multiple of it instead of to
     `width`: images of one padded width are then batched together and a narrow word costs less.
-    Decoding errors propagate: the dataset decides what to do with a bad image.
+    `augmentation` (training only) transforms the resized image before it is normalised and padded,
+    for the calls that pass a seed. Decoding errors propagate: the dataset decides what to do with a
+    bad image.
     """
 
-    def __init__(self, preprocessing: Preprocessing, width_step: int = 0) -> None:
+    def __init__(self, preprocessing: Preprocessing, width_step: int = 0, augmentation: Augmentation | None = None
+                 ) -> None:
         self.preprocessing = preprocessing
+        self.augmentation = augmentation
         self.height, self.width, self.keep_aspect = preprocessing.height, preprocessing.width, preprocessing.keep_aspect
         self.width_step = width_step
         self.mode = preprocessing.color
@@ -173,15 +179,18 @@ class ImageTransform:
         with Image.open(io.BytesIO(image_bytes)) as image:
             return to_8bit(image, self.mode)
 
-    def __call__(self, image_bytes: bytes) -> Tensor:
-        return self.to_tensor(self.decode(image_bytes))
+    def __call__(self, image_bytes: bytes, augment_seed: int | None = None) -> Tensor:
+        return self.to_tensor(self.decode(image_bytes), augment_seed)
 
-    def to_tensor(self, image: Image.Image) -> Tensor:
-        """A decoded image (in the record's mode) resized, padded and normalised: `[C, H, W]`."""
+    def to_tensor(self, image: Image.Image, augment_seed: int | None = None) -> Tensor:
+        """A decoded image (in the record's mode) resized, augmented if a seed is given and this transform
+        augments, normalised and padded: `[C, H, W]`."""
         padded_width = self.padded_width(image.width, image.height)
         image = image.resize((self.resized_width(image.width, image.height), self.height), self.resample)
-        tensor = TF.pil_to_tensor(image).to(torch.float32)
-        tensor = tensor.div_(self.divisor).sub_(self.shift)  # [C, H, w]
+        tensor = TF.pil_to_tensor(image).to(torch.float32)  # [C, H, w], 0..255
+        if self.augmentation is not None and augment_seed is not None:
+            tensor = self.augmentation(tensor.div_(255), augment_seed).mul_(255)
+        tensor = tensor.div_(self.divisor).sub_(self.shift)
         return pad_right(tensor, padded_width)
 
     def to_image(self, tensor: Tensor) -> Image.Image:

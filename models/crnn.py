@@ -4,22 +4,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-# (out_channels, kernel, padding, pooling after the layer). The two (2, 1) poolings halve the height
-# but keep the width, so a 32 x 100 image becomes 26 frames: enough for words of up to ~20 characters.
-VGG_LAYERS: list[tuple[int, int, int, tuple[int, int] | None]] = [
-    (64, 3, 1, (2, 2)),
-    (128, 3, 1, (2, 2)),
-    (256, 3, 1, None),
-    (256, 3, 1, (2, 1)),
-    (512, 3, 1, None),
-    (512, 3, 1, (2, 1)),
-    (512, 2, 0, None),
+# (kernel, padding, pooling after the layer) of each convolution. The two (2, 1) poolings halve the
+# height but keep the width, so a 32 x 100 image becomes 26 frames: enough for words of up to ~20
+# characters.
+VGG_LAYERS: list[tuple[int, int, tuple[int, int] | None]] = [
+    (3, 1, (2, 2)),
+    (3, 1, (2, 2)),
+    (3, 1, None),
+    (3, 1, (2, 1)),
+    (3, 1, None),
+    (3, 1, (2, 1)),
+    (2, 0, None),
 ]
+# The paper's widths. The convolutions are most of a training step's time, and their cost grows with
+# the square of the width: configs/crnn.yaml trains a narrower network (model.channels).
+VGG_CHANNELS = (64, 128, 256, 256, 512, 512, 512)
 
 
-def vgg_backbone(in_channels: int) -> nn.Sequential:
+def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> nn.Sequential:
+    if len(channels) != len(VGG_LAYERS):
+        raise ValueError(f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
+                         f"{len(channels)} widths: {list(channels)}")
     layers: list[nn.Module] = []
-    for out_channels, kernel, padding, pool in VGG_LAYERS:
+    for out_channels, (kernel, padding, pool) in zip(channels, VGG_LAYERS):
         # Every convolution is followed by BatchNorm (the paper has it on two): it shortens CTC's
         # all-blank plateau at the start of training. The BN shift makes a conv bias redundant.
         layers += [
@@ -56,22 +63,23 @@ class CRNN(nn.Module):
     LSTM and the CTC loss want is made inside `forward` and after the wrapper, never across it.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256) -> None:
+    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256,
+                 channels: tuple[int, ...] = VGG_CHANNELS) -> None:
         super().__init__()
-        self.backbone = vgg_backbone(in_channels)
-        backbone_channels = VGG_LAYERS[-1][0]
+        self.backbone = vgg_backbone(in_channels, tuple(channels))
+        backbone_channels = channels[-1]
         self.sequence = nn.Sequential(
             BidirectionalLSTM(backbone_channels, hidden_size, hidden_size),
             BidirectionalLSTM(hidden_size, hidden_size, num_classes),
         )
 
     def forward(self, images: Tensor) -> Tensor:
-        features = self.backbone(images)  # [B, 512, 1, T]
+        features = self.backbone(images)  # [B, channels[-1], 1, T]
         if features.shape[2] != 1:
             raise ValueError(
                 f"CRNN expects images 32 pixels high, got {images.shape[2]} (feature height {features.shape[2]})"
             )
-        features = features.squeeze(2).permute(2, 0, 1)  # [T, B, 512]
+        features = features.squeeze(2).permute(2, 0, 1)  # [T, B, channels[-1]]
         logits = self.sequence(features)  # [T, B, num_classes]
         return logits.transpose(0, 1)  # [B, T, num_classes]
 

@@ -182,6 +182,8 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
         "channels_last": config.train.channels_last,
         "compile": config.train.compile,
         "global_batch": config.train.batch_size,
+        "augment": config.data.augment,  # applied in the loader workers, so it costs the loop only if they fall behind
+        "model_channels": list(config.model.channels),
         "image_size": [config.data.img_height, config.data.img_width],
         "train_images_per_s": {"per_process_rank0": per_process["train_loop"], "total": loop_total},
         "compute_floor_images_per_s": {"per_process_rank0": per_process["compute_floor"], "total": floor_total},

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project i
 from data.codec import CTCCodec  # noqa: E402
 from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
 from data.transforms import ImageTransform, Preprocessing  # noqa: E402
-from scripts.make_synthetic import find_fonts, render_sample  # noqa: E402
+from data.synthetic.render import build_plan, render_sample  # noqa: E402
 from scripts.predict import image_paths  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
@@ -129,8 +129,8 @@ def torchscript_runner(path: Path) -> Runner:
 def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[list[tuple[str, bytes]], str]:
     """Up to `limit` (name, encoded image) pairs to check on, and where they come from."""
     if not sources:
-        fonts = tuple(find_fonts()) or (None,)  # None: Pillow's built-in font
-        images = [(f"rendered-{index}", render_sample(0, "export-check", index, alphabet, fonts, 10)[0])
+        plan, _ = build_plan(alphabet, max_length=10)
+        images = [(f"rendered-{index}", render_sample(plan, 0, "export-check", index).image)
                   for index in range(min(RENDERED_IMAGES, limit))]
         return images, "images rendered by scripts/make_synthetic.py"
     images = []

@@ -28,10 +28,11 @@ def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
 
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory) -> Path:
-    """A synthetic dataset: OUT/train (96 samples) and OUT/val (33: odd, so shards differ in size)."""
+    """A synthetic dataset: OUT/train (96 samples), OUT/val (33: odd, so shards differ in size), OUT/test (20)."""
     out = tmp_path_factory.mktemp("data") / "synth"
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out),
-                    "--train", "96", "--val", "33", "--workers", "1"], check=True, capture_output=True, env=run_env())
+                    "--train", "96", "--val", "33", "--test", "20", "--workers", "1"], check=True, capture_output=True,
+                   env=run_env())
     return out
 
 
@@ -43,7 +44,7 @@ def tiny_run(synth, tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
                     f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.max_steps=4", "train.batch_size=8",
                     "train.eval_every=4", "train.log_every=4", "model.hidden_size=32", "data.num_workers=0",
-                    "train.precision=fp32"], cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
+                    "train.precision=fp32", "data.augment=strong"], cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
     return out_dir
 
 

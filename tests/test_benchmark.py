@@ -19,6 +19,7 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
         [*launcher, "scripts/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
          "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
          "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=1", "model.hidden_size=32",
+         "model.channels=[64,128,256,256,512,512,512]", "data.augment=light",  # the paper's widths, augmented
          # The options win over the overrides before them.
          "--batch-size", "8", "--precision", "fp32", "--threads", "1", "--no-channels-last"],
         cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=600)

@@ -11,6 +11,7 @@ from utils.checkpoint import load_checkpoint, load_initial_weights, load_model, 
 from utils.config import load_config, to_dict
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+CHANNELS = tuple(load_config("crnn.yaml", []).model.channels)  # the widths small_config's checkpoints record
 
 
 def small_config(alphabet: str = ALPHABET):
@@ -19,7 +20,7 @@ def small_config(alphabet: str = ALPHABET):
 
 def small_model(alphabet: str = ALPHABET) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model("crnn", len(alphabet) + 1, 1, 32)
+    return build_model("crnn", len(alphabet) + 1, 1, 32, channels=CHANNELS)
 
 
 def test_round_trip_loads_with_weights_only_and_strict(tmp_path):
@@ -80,7 +81,7 @@ def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path
     source = small_model("abcxyz")
     save_checkpoint(path, {"model": source.state_dict(), "alphabet": "abcxyz"})
     torch.manual_seed(1)
-    target = build_model("crnn", len("zqa") + 1, 1, 32)
+    target = build_model("crnn", len("zqa") + 1, 1, 32, channels=CHANNELS)
     fresh_q = target.sequence[1].linear.weight[2].clone()
     report = load_initial_weights(target, path, alphabet="zqa")
     assert ("rows matched by character: 1 copied in place (the blank included), 2 moved, 1 new characters initialised"

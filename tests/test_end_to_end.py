@@ -19,7 +19,8 @@ from utils.precision import resolve_precision
 from tests.conftest import REPO, run_env
 
 TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=1",
-                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32"]
+                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32",
+                   "data.augment=strong"]  # validation and eval.sh must not augment: they are compared below
 
 
 def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
@@ -96,7 +97,7 @@ def test_checkpoint_loads_in_a_fresh_cpu_process_strict_and_weights_only(ddp_run
 import torch
 from models import build_model
 checkpoint = torch.load({str(ddp_run / 'best.pt')!r}, map_location='cpu', weights_only=True)
-model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256)
+model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256, channels=checkpoint['config']['model']['channels'])
 model.load_state_dict(checkpoint['model'], strict=True)
 print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
 from utils.checkpoint import load_model

@@ -54,3 +54,13 @@ def test_rgb_input_and_wrong_height():
 def test_unknown_architecture_is_named():
     with pytest.raises(ValueError, match="model.arch"):
         build_model("resnet", 10, 1, 256)
+
+
+def test_channels_set_the_backbone_widths_and_a_wrong_count_is_named():
+    narrow = build_model("crnn", 37, 1, 256, channels=(32, 64, 128, 128, 256, 256, 256))
+    assert narrow(torch.randn(2, 1, 32, 100)).shape == (2, 26, 37)
+    convolutions = [layer.out_channels for layer in narrow.modules() if isinstance(layer, torch.nn.Conv2d)]
+    assert convolutions == [32, 64, 128, 128, 256, 256, 256]
+    assert count_parameters(narrow) < count_parameters(build_model("crnn", 37, 1, 256)) / 2
+    with pytest.raises(ValueError, match=r"model.channels: the VGG backbone has 7 convolutions, got 6 widths"):
+        build_model("crnn", 37, 1, 256, channels=(32, 64, 128, 128, 256, 256))

@@ -3,7 +3,6 @@ prediction and export apply the checkpoint's record, whatever the code's default
 from __future__ import annotations
 
 import csv
-import json
 import subprocess
 import sys
 from pathlib import Path

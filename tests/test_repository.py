@@ -20,3 +20,35 @@ def test_readme_train_command_uses_the_default_config_and_eval_sh():
     train_command = next(command for command in readme_commands() if "train.py" in command)
     assert "--config crnn.yaml" in train_command and "scripts/eval.sh" in train_command
     assert (REPO / "configs" / "crnn.yaml").is_file()
+
+
+def test_readme_train_command_writes_the_held_out_test_split_and_evaluates_on_it(tiny_run, tmp_path):
+    """The README's generator and eval.sh steps, run as written (the generator with fewer samples, eval.sh
+    on a small checkpoint placed where the training step would leave best.pt)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from scripts.make_synthetic import parse_args
+    from tests.conftest import run_env
+
+    train_command = next(command for command in readme_commands() if "train.py" in command)
+    steps = dict((step.split()[1] if step.startswith("python ") else step.split()[0], step)
+                 for step in train_command.split(" && "))
+    generator, evaluation = steps["scripts/make_synthetic.py"], steps["scripts/eval.sh"]
+    assert parse_args(generator.split()[2:]).test > 0  # the default writes a test split
+    env = {**run_env(), "PYTHON": sys.executable, "PATH": f"{REPO / '.venv' / 'bin'}:{run_env()['PATH']}"}
+    for script in ("make_synthetic.py", "eval.sh", "eval.py"):
+        (tmp_path / "scripts").mkdir(exist_ok=True)
+        (tmp_path / "scripts" / script).symlink_to(REPO / "scripts" / script)
+    generated = subprocess.run(generator.replace("python ", f"{sys.executable} ", 1).split()
+                               + ["--train", "8", "--val", "8", "--test", "8", "--workers", "1"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert generated.returncode == 0, generated.stderr
+    assert (tmp_path / "datasets" / "synth" / "test" / "data.mdb").is_file()
+    (tmp_path / "runs" / "crnn").mkdir(parents=True)
+    shutil.copy(tiny_run / "best.pt", tmp_path / "runs" / "crnn" / "best.pt")
+    evaluated = subprocess.run(evaluation.split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    rows = [line.split()[0] for line in evaluated.stdout.splitlines()]
+    assert "val" in rows and "test" in rows

@@ -84,7 +84,9 @@ def test_checkpoints_without_a_config_are_not_guessed_at(tmp_path):
 
 
 def changed(value):
-    """Another value of the same type."""
+    """Another value of the same type (a probability for an unset `float | None`)."""
+    if value is None:
+        return 0.5
     if isinstance(value, bool):
         return not value
     if isinstance(value, (int, float)):

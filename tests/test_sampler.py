@@ -8,15 +8,27 @@ import pytest
 from data.sampler import GlobalBatchSampler
 
 
-def global_batches(world_size: int, start: int = 0, end: int = 12, sizes: tuple[int, ...] = (50,), batch: int = 8,
-                   ratios: list[float] | None = None) -> list[list[int]]:
-    """Global batches `start .. end - 1`: each step's slices of all ranks, joined in rank order."""
+def global_pairs(world_size: int, start: int = 0, end: int = 12, sizes: tuple[int, ...] = (50,), batch: int = 8,
+                 ratios: list[float] | None = None) -> list[list[tuple[int, int]]]:
+    """Global batches `start .. end - 1` as (index, augment seed) pairs: each step's slices of all
+    ranks, joined in rank order."""
     per_rank = []
     for rank in range(world_size):
         sampler = GlobalBatchSampler(list(sizes), batch, rank, world_size, seed=3, ratios=ratios)
         sampler.set_steps(start, end)
         per_rank.append(list(sampler))
     return [sum(slices, []) for slices in zip(*per_rank)]
+
+
+def global_batches(*args, **kwargs) -> list[list[int]]:
+    return [[index for index, _ in batch] for batch in global_pairs(*args, **kwargs)]
+
+
+def test_augment_seeds_depend_on_the_step_and_place_alone():
+    one = global_pairs(1, 0, 12)
+    assert global_pairs(2, 0, 12) == one and global_pairs(4, 3, 12) == one[3:]
+    seeds = [seed for batch in one for _, seed in batch]
+    assert len(set(seeds)) == len(seeds)  # every sample of every step its own draw, repeats of an index too
 
 
 def test_global_batches_do_not_depend_on_the_number_of_processes():

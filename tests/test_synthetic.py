@@ -2,62 +2,40 @@
 from __future__ import annotations
 
 import io
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
+import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import read_lmdb
+from tests.conftest import read_lmdb, run_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+SPLITS = ("train", "val", "test")
 
 
-def generate(out: Path, seed: int, workers: int) -> None:
-    command = [sys.executable, str(SCRIPT), "--out", str(out), "--train", "40", "--val", "10",
-               "--seed", str(seed), "--workers", str(workers), "--alphabet", ALPHABET]
+def generate(out: Path, *options: str, workers: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), "--out", str(out), "--workers", str(workers), *options]
     # cwd elsewhere than the repository: the script must find its own imports.
-    result = subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr
+    return result
 
 
-@pytest.fixture(scope="module")
-def seed0(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("seed0") / "synth"
-    generate(out, seed=0, workers=2)
-    return out
-
-
-def test_writes_decodable_32px_images_with_alphabet_labels(seed0):
-    for split, expected in (("train", 40), ("val", 10)):
-        samples = read_lmdb(seed0 / split)
-        assert len(samples) == expected
-        for image_bytes, label in samples:
-            assert image_bytes is not None
-            with Image.open(io.BytesIO(image_bytes)) as image:
-                image.load()
-                assert image.height == 32 and 16 <= image.width <= 300
-                assert image.mode == "RGB"
-            assert label and set(label) <= set(ALPHABET)
-
-
-def test_val_is_not_a_copy_of_train(seed0):
-    train, val = read_lmdb(seed0 / "train"), read_lmdb(seed0 / "val")
-    assert all(train_image != val_image for (train_image, _), (val_image, _) in zip(train, val))
-
-
-def test_same_seed_same_bytes_whatever_the_workers(seed0, tmp_path):
-    generate(tmp_path / "synth", seed=0, workers=1)
-    for split in ("train", "val"):
-        assert read_lmdb(tmp_path / "synth" / split) == read_lmdb(seed0 / split)
-
-
-def test_other_seed_other_samples(seed0, tmp_path):
-    generate(tmp_path / "synth", seed=1, workers=2)
-    other, same = read_lmdb(tmp_path / "synth" / "train"), read_lmdb(seed0 / "train")
-    assert all(other_image != image for (other_image, _), (image, _) in zip(other, same))
+def metas(split: Path) -> list[dict]:
+    """Each sample's record of what made it (`meta-%09d`)."""
+    env = lmdb.open(str(split), readonly=True, lock=False)
+    with env.begin() as txn:
+        count = int(txn.get(b"num-samples"))
+        records = [json.loads(txn.get(b"meta-%09d" % index)) for index in range(1, count + 1)]
+    env.close()
+    return records
 
 
 def fontconfig_font(family: str) -> Path | None:
@@ -72,51 +50,170 @@ def fontconfig_font(family: str) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def words_and_fonts(tmp_path_factory) -> tuple[Path, Path]:
-    font = fontconfig_font("DejaVu Sans")
-    if font is None:
-        pytest.skip("fontconfig lists no DejaVu Sans")
-    folder = tmp_path_factory.mktemp("inputs")
-    (folder / "fonts").mkdir()
-    (folder / "fonts" / font.name).symlink_to(font)
-    (folder / "fonts" / "notes.txt").write_text("not a font: ignored\n")
+def dejavu(tmp_path_factory) -> Path:
+    """A folder holding DejaVu Sans, Sans Mono and Serif (links to the system's files)."""
+    folder = tmp_path_factory.mktemp("dejavu")
+    for family in ("DejaVu Sans", "DejaVu Sans Mono", "DejaVu Serif"):
+        font = fontconfig_font(family)
+        if font is None:
+            pytest.skip(f"fontconfig lists no {family}")
+        (folder / font.name).symlink_to(font)
+    (folder / "notes.txt").write_text("not a font: ignored\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def seed0(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("seed0") / "synth"
+    generate(out, "--train", "40", "--val", "10", "--test", "10", "--seed", "0", "--alphabet", ALPHABET)
+    return out
+
+
+def test_writes_decodable_32px_images_with_alphabet_labels(seed0):
+    for split, expected in (("train", 40), ("val", 10), ("test", 10)):
+        samples = read_lmdb(seed0 / split)
+        assert len(samples) == expected
+        for image_bytes, label in samples:
+            with Image.open(io.BytesIO(image_bytes)) as image:
+                image.load()
+                assert image.height == 32 and 16 <= image.width <= 300
+                assert image.mode == "RGB"
+            assert label and set(label) <= set(ALPHABET)
+
+
+def test_val_and_test_are_not_copies_of_train(seed0):
+    train = read_lmdb(seed0 / "train")
+    for split in ("val", "test"):
+        assert all(train_image != image for (train_image, _), (image, _) in zip(train, read_lmdb(seed0 / split)))
+
+
+def test_same_seed_same_bytes_whatever_the_workers(seed0, tmp_path):
+    generate(tmp_path / "synth", "--train", "40", "--val", "10", "--test", "10", "--seed", "0", "--alphabet", ALPHABET,
+             workers=1)
+    for split in SPLITS:
+        assert read_lmdb(tmp_path / "synth" / split) == read_lmdb(seed0 / split)
+        assert metas(tmp_path / "synth" / split) == metas(seed0 / split)
+
+
+def test_other_seed_other_samples(seed0, tmp_path):
+    generate(tmp_path / "synth", "--train", "40", "--val", "0", "--test", "0", "--seed", "1")
+    other, same = read_lmdb(tmp_path / "synth" / "train"), read_lmdb(seed0 / "train")
+    assert all(other_image != image for (other_image, _), (image, _) in zip(other, same))
+    assert not (tmp_path / "synth" / "val").exists()  # --val 0: no split written
+
+
+def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
+    generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
+    labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
+    words = set((Path(__file__).resolve().parents[1] / "data" / "words" / "english.txt").read_text().lower().split())
+    in_list = sum(label in words for label in labels)
+    numbers = sum(label.isdigit() for label in labels)
+    assert 0.35 * len(labels) < in_list < 0.8 * len(labels)
+    assert 0.05 * len(labels) < numbers < 0.4 * len(labels)
+    assert len(labels) - in_list - numbers > 0.1 * len(labels)  # codes, ordinals, random strings
+
+
+def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, tmp_path):
+    """The alphabet "a" folds case, so "A" is drawn half the time, labelled "a". In the pixels: a
+    capital puts ink in the top quarter of the image (the crop spans cap height), a small "a" does not."""
+    fonts = tmp_path / "sans"
+    fonts.mkdir()
+    shutil.copy(dejavu / "DejaVuSans.ttf", fonts)
+    generate(tmp_path / "synth", "--train", "200", "--val", "0", "--test", "0", "--alphabet", "a", "--no-words",
+             "--max-length", "1", "--no-system-fonts", "--fonts", str(fonts), "--held-out-fonts", "")
+    top_ink: dict[str, list[float]] = {"a": [], "A": []}
+    for (image_bytes, label), meta in zip(read_lmdb(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "train")):
+        assert label == "a"
+        gray = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("L"), dtype=np.float32)
+        border = np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
+        difference = np.abs(gray - np.median(border))
+        ink = difference > 0.5 * difference.max()  # dark on light or light on dark
+        top_ink[meta["text"]].append(ink[:gray.shape[0] // 4].sum() / max(ink.sum(), 1))
+    assert 60 < len(top_ink["A"]) < 140  # capitals about half the time
+    small, capital = np.array(top_ink["a"]), np.array(top_ink["A"])
+    assert np.median(small) < 0.01 and np.median(capital) > 0.05
+    assert (small < 0.03).mean() > 0.8 and (capital >= 0.03).mean() > 0.7
+
+
+def test_held_out_fonts_and_backgrounds_appear_in_test_only(dejavu, tmp_path):
+    result = generate(tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", "--no-system-fonts",
+                      "--fonts", str(dejavu))
+    assert "fonts: 2 families for train and val, 1 held out for test" in result.stdout
+    assert "held out: DejaVu Serif" in result.stdout
+    for split in ("train", "val"):
+        records = metas(tmp_path / "synth" / split)
+        assert {record["font"] for record in records} == {"DejaVu Sans", "DejaVu Sans Mono"}
+        assert {record["background"] for record in records} <= {"flat", "gradient", "noise", "blotches", "stripes"}
+    records = metas(tmp_path / "synth" / "test")
+    assert {record["font"] for record in records} == {"DejaVu Serif"}
+    assert {record["background"] for record in records} == {"paper", "grid", "dots"}
+
+
+def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dejavu, tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for index in range(5):  # photo-4.png, the fifth in sorted order, is test's
+        pixels = np.random.default_rng(index).integers(0, 256, (120, 200, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(photos / f"photo-{index}.png")
+    (photos / "readme.txt").write_text("not an image: ignored\n")
+    result = generate(tmp_path / "synth", "--train", "150", "--val", "0", "--test", "60", "--no-system-fonts",
+                      "--fonts", str(dejavu), "--backgrounds", str(photos))
+    assert "photos 4 + 1 held out" in result.stdout
+    train, test = metas(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "test")
+    assert {record["photo"] for record in train if record["background"] == "photo"} == {
+        f"photo-{index}.png" for index in range(4)}
+    assert {record["photo"] for record in test if record["background"] == "photo"} == {"photo-4.png"}
+
+
+def test_font_packages_are_found_through_their_entry_point(dejavu, tmp_path):
+    """A package like PyPI's fontpkg-* ones: a module with metadata.json and font files, registered
+    under the `fontpkg.family` entry point."""
+    site = tmp_path / "site"
+    module = site / "fakefont_sans"
+    (module / "files").mkdir(parents=True)
+    shutil.copy(dejavu / "DejaVuSans.ttf", module / "files" / "FakeSans.ttf")
+    (module / "__init__.py").write_text("")
+    (module / "metadata.json").write_text(json.dumps({"family": "Fake Sans", "license": "OFL-1.1",
+                                                       "files": [{"path": "files/FakeSans.ttf"}]}))
+    info = site / "fakefont_sans-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakefont-sans\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[fontpkg.family]\nfake-sans = fakefont_sans\n")
+    result = generate(tmp_path / "synth", "--train", "30", "--val", "0", "--test", "0", "--no-words",
+                      "--held-out-fonts", "", env={**run_env(), "PYTHONPATH": str(site)})
+    assert "font packages, licences:" in result.stdout and "OFL-1.1" in result.stdout
+    assert "Fake Sans" in result.stdout
+
+
+def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
     # Two words hold characters outside the default alphabet; blank lines are not words; ends are stripped.
-    (folder / "words.txt").write_text("hello\nworld\n\nStraße\nab#c\n  crnn  \n42\n", encoding="utf-8")
-    return folder / "words.txt", folder / "fonts"
-
-
-def generate_words(out: Path, words: Path, fonts: Path, workers: int) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(SCRIPT), "--out", str(out), "--train", "24", "--val", "6", "--seed", "3",
-               "--workers", str(workers), "--words", str(words), "--fonts", str(fonts)]
-    return subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=120)
-
-
-def test_words_and_fonts_give_labels_from_the_list(words_and_fonts, tmp_path):
-    words, fonts = words_and_fonts
-    result = generate_words(tmp_path / "synth", words, fonts, workers=2)
-    assert result.returncode == 0, result.stderr
-    assert "1 fonts in" in result.stdout
-    assert "words: kept 4 of 6" in result.stdout
-    assert "skipped 2: 2 with characters outside the alphabet" in result.stdout
+    words = tmp_path / "words.txt"
+    words.write_text("hello\nworld\n\nStraße\nab#c\n  crnn  \n42\n", encoding="utf-8")
+    options = ("--train", "60", "--val", "6", "--test", "0", "--seed", "3", "--words", str(words), "--no-system-fonts",
+               "--fonts", str(dejavu))
+    result = generate(tmp_path / "synth", *options)
+    assert "words: kept 4 of 6" in result.stdout and "skipped 2" in result.stdout
     labels = [label for split in ("train", "val") for _, label in read_lmdb(tmp_path / "synth" / split)]
-    assert len(labels) == 30 and set(labels) <= {"hello", "world", "crnn", "42"}
-    assert len(set(labels)) > 1
-    # The word list and the font checks are cached in the main process and inherited by the workers:
-    # one worker or two, the same bytes.
-    again = generate_words(tmp_path / "again", words, fonts, workers=1)
-    assert again.returncode == 0, again.stderr
+    assert {"hello", "world", "crnn"} <= set(labels)  # words: some of the samples, in any case, folded
+    # The plan is computed in the main process and inherited by the workers: one worker or two, the same bytes.
+    generate(tmp_path / "again", *options, workers=1)
     for split in ("train", "val"):
         assert read_lmdb(tmp_path / "again" / split) == read_lmdb(tmp_path / "synth" / split)
 
 
-def test_words_and_fonts_errors(words_and_fonts, tmp_path):
-    words, fonts = words_and_fonts
-    missing_fonts = generate_words(tmp_path / "a", words, tmp_path / "no-such-folder", workers=1)
-    assert missing_fonts.returncode != 0 and "--fonts: font folder" in missing_fonts.stderr
+@pytest.mark.parametrize("options, message", [
+    (["--fonts", "{tmp}/no-such-folder"], "--fonts: font folder"),
+    (["--fonts", "{tmp}/empty"], "holds no .ttf, .otf or .ttc file"),
+    (["--words", "{tmp}/unusable.txt"], "no word of"),
+    (["--words", "{tmp}/missing.txt"], "--words: {tmp}/missing.txt does not exist"),
+    (["--backgrounds", "{tmp}/empty"], "--backgrounds: background folder"),
+    (["--no-system-fonts"], "--no-system-fonts needs --fonts DIR"),
+])
+def test_bad_options_are_named_and_write_nothing(tmp_path, options, message):
     (tmp_path / "empty").mkdir()
-    no_fonts = generate_words(tmp_path / "b", words, tmp_path / "empty", workers=1)
-    assert no_fonts.returncode != 0 and "holds no .ttf, .otf or .ttc file" in no_fonts.stderr
     (tmp_path / "unusable.txt").write_text("ÄÖÜ\n#\n", encoding="utf-8")
-    no_words = generate_words(tmp_path / "c", tmp_path / "unusable.txt", fonts, workers=1)
-    assert no_words.returncode != 0 and "no word of" in no_words.stderr
-    assert not (tmp_path / "c").exists()
+    command = [sys.executable, str(SCRIPT), "--out", str(tmp_path / "synth"), "--train", "4", "--val", "0",
+               "--test", "0", "--workers", "1", *(option.format(tmp=tmp_path) for option in options)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and message.format(tmp=tmp_path) in result.stderr
+    assert not (tmp_path / "synth").exists()

@@ -97,7 +97,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", config: Con
         preprocessing = Preprocessing.from_config(config)
     alphabet = checkpoint.get("alphabet") or load_alphabet(config.data.alphabet)
     codec = CTCCodec(alphabet, config.data.fold_case)
-    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size)
+    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size,
+                        channels=tuple(config.model.channels))
     try:
         model.load_state_dict(checkpoint["model"], strict=True)
     except RuntimeError as error:

@@ -7,6 +7,7 @@ Unknown keys and values of the wrong type are errors that name the full key.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from data.augment import LEVELS
 from data.transforms import INTERPOLATIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,9 @@ class DataConfig:
     # and batches images of equal width (faster, same results for any batching); 0: pad to img_width.
     eval_width_step: int = resumable(8)
     num_workers: int = resumable(2)  # data-loader worker processes per training process
+    # Training-time augmentation (data/augment.py): none | light | strong; the `augment` section
+    # overrides single probabilities. Never applied in validation, evaluation or prediction.
+    augment: str = "light"
 
 
 @dataclass
@@ -58,6 +63,8 @@ class ModelConfig:
     arch: str = "crnn"  # a key of models.ARCHITECTURES
     in_channels: int = 1  # 1: grayscale, 3: RGB
     hidden_size: int = 256
+    # The VGG backbone's seven convolution widths (models/crnn.py); the default is the paper's.
+    channels: list[int] = field(default_factory=lambda: [64, 128, 256, 256, 512, 512, 512])
     # BatchNorm statistics over the global batch instead of each process's slice: a run on N
     # processes then computes what one process would with the same global batch. Costs two small
     # all-reduces per BatchNorm layer; worth it when the per-process batch is small.
@@ -102,11 +109,24 @@ class TrainConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Probabilities (0 to 1) that override data.augment's level, one transform each; null: the level's."""
+
+    affine: float | None = None  # a small rotation, shear, scale and shift
+    perspective: float | None = None
+    color: float | None = None  # brightness and contrast
+    invert: float | None = None  # light text on dark
+    blur: float | None = None
+    noise: float | None = None
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     # Physical GPU of each local rank on a shared server (local rank i uses device_ids[i]);
     # empty: local rank i uses cuda:i. CUDA_VISIBLE_DEVICES does the same from outside.
     device_ids: list[int] = resumable(factory=list)
@@ -191,6 +211,10 @@ def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
     def wrong(what: str) -> ConfigError:
         return ConfigError(f"{source}: {key!r} must be {what}, got {value!r}")
 
+    if isinstance(expected, types.UnionType):  # `float | None`: null, or a value of the other type
+        (inner,) = [option for option in typing.get_args(expected) if option is not type(None)]
+        return None if value is None else coerce(value, inner, key, source)
+
     if typing.get_origin(expected) is list:
         (item_type,) = typing.get_args(expected)
         items = value if isinstance(value, list) else [value]  # a single value is a one-item list
@@ -226,6 +250,7 @@ def validate(config: Config) -> None:
         "train.precision": (config.train.precision, ("auto", "fp32", "bf16", "fp16")),
         "model.in_channels": (config.model.in_channels, (1, 3)),
         "data.interpolation": (config.data.interpolation, tuple(INTERPOLATIONS)),
+        "data.augment": (config.data.augment, LEVELS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -250,6 +275,9 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key}={values}: give 1 value, or one per channel ({config.model.in_channels})")
     if min(config.data.std, default=0) <= 0:
         raise ConfigError(f"data.std={config.data.std}: each value must be positive (pixels are divided by it)")
+    for name, probability in dataclasses.asdict(config.augment).items():
+        if probability is not None and not 0 <= probability <= 1:
+            raise ConfigError(f"augment.{name}={probability}: a probability, from 0 to 1 (null: data.augment's)")
     if config.data.eval_width_step < 0:
         raise ConfigError(f"data.eval_width_step must be 0 or more, got {config.data.eval_width_step}")
     if config.data.num_workers < 0:

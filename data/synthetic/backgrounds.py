@@ -1,0 +1,109 @@
+"""What text is written on: procedural backgrounds of several styles, and photos.
+
+Every style paints an RGB float array of a given size in a light or a dark tone (the text then takes
+the other). The styles in HELD_OUT_STYLES are painted for the test split only.
+"""
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image
+
+TRAIN_STYLES = ("flat", "gradient", "noise", "blotches", "stripes")
+HELD_OUT_STYLES = ("paper", "grid", "dots")
+PHOTO = "photo"  # a crop of a --backgrounds image; its files are split between train/val and test
+
+
+def base_color(rng: random.Random, light: bool) -> np.ndarray:
+    """A colour of the tone asked for, gray half of the time."""
+    low, high = (150, 255) if light else (0, 110)
+    if rng.random() < 0.5:
+        return np.full(3, rng.uniform(low, high), dtype=np.float32)
+    color = np.array([rng.uniform(0, 255) for _ in range(3)], dtype=np.float32)
+    target = rng.uniform(low, high)  # move the colour's luminance into the tone, keeping its hue
+    return np.clip(color + (target - luminance(color)), 0, 255)
+
+
+def luminance(color: np.ndarray) -> float | np.ndarray:
+    # The weights Pillow's convert("L") uses, so contrast holds for models that read grayscale.
+    return color[..., 0] * 0.299 + color[..., 1] * 0.587 + color[..., 2] * 0.114
+
+
+def smooth_noise(noise: np.random.Generator, width: int, height: int, cells: int) -> np.ndarray:
+    """Low-frequency noise in [-1, 1], [height, width]: a coarse random grid upsampled."""
+    coarse = noise.uniform(-1, 1, (max(2, cells * height // max(width, 1) + 2), cells + 2)).astype(np.float32)
+    return np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC))
+
+
+def paint(style: str, rng: random.Random, noise: np.random.Generator, width: int, height: int, light: bool,
+          photo: str | None = None) -> np.ndarray:
+    """An RGB background `[height, width, 3]`, float32 in 0..255; style PHOTO crops the file `photo`."""
+    base = base_color(rng, light)
+    canvas = np.empty((height, width, 3), dtype=np.float32)
+    canvas[:] = base
+    if style == "flat":
+        pass
+    elif style == "gradient":
+        other = base_color(rng, light)
+        angle = rng.uniform(0, np.pi)
+        ramp = np.cos(angle) * np.linspace(0, 1, width)[None, :] + np.sin(angle) * np.linspace(0, 1, height)[:, None]
+        ramp = (ramp - ramp.min()) / max(float(np.ptp(ramp)), 1e-6)
+        canvas += ramp[..., None] * (other - base)
+    elif style == "noise":
+        canvas += noise.normal(0, rng.uniform(8, 30), (height, width, 1 if rng.random() < 0.7 else 3))
+    elif style == "blotches":
+        amplitude = rng.uniform(15, 45)
+        canvas += smooth_noise(noise, width, height, rng.randint(2, 8))[..., None] * amplitude * (1 if light else -1)
+    elif style == "stripes":
+        angle, period = rng.uniform(0, np.pi), rng.uniform(3, 24)
+        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+        wave = np.sin((x * np.cos(angle) + y * np.sin(angle)) * 2 * np.pi / period)
+        canvas += wave[..., None] * rng.uniform(8, 35)
+    elif style == "paper":  # light, warm, fibrous: the held-out look of print on paper
+        canvas[:] = np.array([rng.uniform(215, 250), rng.uniform(205, 240), rng.uniform(180, 225)], dtype=np.float32)
+        canvas += smooth_noise(noise, width, height, rng.randint(3, 10))[..., None] * rng.uniform(4, 14)
+        canvas += noise.normal(0, rng.uniform(2, 7), (height, width, 1))
+        for _ in range(rng.randint(0, 6)):  # fibres
+            x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
+            length, angle = rng.uniform(5, 30), rng.uniform(0, np.pi)
+            steps = np.linspace(0, length, int(length) + 1)
+            xs = np.clip((x0 + steps * np.cos(angle)).astype(int), 0, width - 1)
+            ys = np.clip((y0 + steps * np.sin(angle)).astype(int), 0, height - 1)
+            canvas[ys, xs] -= rng.uniform(10, 30)
+    elif style == "grid":  # ruled or squared paper
+        line = base_color(rng, not light) * 0.4 + base * 0.6
+        period = rng.randint(6, 18)
+        offset = rng.randint(0, period - 1)
+        canvas[offset::period, :] = line
+        if rng.random() < 0.5:
+            canvas[:, rng.randint(0, period - 1)::period] = line
+    elif style == "dots":  # halftone screen
+        period, radius = rng.uniform(2.5, 6), rng.uniform(0.25, 0.45)
+        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+        near = np.hypot((x % period) - period / 2, (y % period) - period / 2) < radius * period
+        canvas[near] += rng.uniform(20, 50) * (-1 if light else 1)
+    elif style == PHOTO:
+        canvas = photo_crop(photo, rng, width, height)
+    else:
+        raise ValueError(f"unknown background style {style!r}")
+    return np.clip(canvas, 0, 255)
+
+
+@lru_cache(maxsize=64)
+def load_photo(path: str) -> Image.Image:
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+    image.thumbnail((800, 800))  # a text line needs a few hundred pixels of it at most
+    return image
+
+
+def photo_crop(path: str, rng: random.Random, width: int, height: int) -> np.ndarray:
+    """A random crop of the photo at `path`, scaled to cover `width x height`."""
+    photo = load_photo(path)
+    scale = max(width / photo.width, height / photo.height) * rng.uniform(1.0, 2.5)
+    crop_width, crop_height = min(photo.width, round(width / scale) + 1), min(photo.height, round(height / scale) + 1)
+    left, top = rng.randint(0, photo.width - crop_width), rng.randint(0, photo.height - crop_height)
+    crop = photo.crop((left, top, left + crop_width, top + crop_height)).resize((width, height), Image.Resampling.BILINEAR)
+    return np.asarray(crop, dtype=np.float32)

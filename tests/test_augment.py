@@ -1,0 +1,108 @@
+"""Training-time augmentation: seeded per sample, off in validation, evaluation and prediction."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from data.augment import PROBABILITIES, Augmentation
+from data.codec import CTCCodec
+from data.lmdb_dataset import LmdbDataset, SeededSamples
+from data.sampler import GlobalBatchSampler
+from data.transforms import ImageTransform, Preprocessing
+from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
+from utils.config import ConfigError, load_config, validate
+
+
+def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
+    assert Augmentation.from_config("none", {}) is None
+    light = Augmentation.from_config("light", {"blur": 0.0, "invert": None})
+    assert light.probabilities == {**PROBABILITIES["light"], "blur": 0.0}
+    assert Augmentation.from_config("none", {"noise": 0.5}).probabilities == {**PROBABILITIES["none"], "noise": 0.5}
+    config = load_config("crnn.yaml", ["data.augment=strong", "augment.blur=0.9", "augment.invert=null"])
+    assert config.augment.blur == 0.9 and config.augment.invert is None
+    validate(config)
+    for override, message in (("data.augment=heavy", "data.augment: 'heavy' is not one of none, light, strong"),
+                              ("augment.blur=1.5", r"augment.blur=1.5: a probability, from 0 to 1")):
+        with pytest.raises(ConfigError, match=message):
+            validate(load_config("crnn.yaml", [override]))
+
+
+def test_a_sample_s_augmentation_depends_on_its_seed_alone(synth):
+    image_bytes = read_lmdb(synth / "train")[0][0]
+    plain = ImageTransform(Preprocessing(32, 100))
+    strong = ImageTransform(Preprocessing(32, 100), augmentation=Augmentation.from_config("strong", {}))
+    torch.manual_seed(123)
+    global_state = torch.get_rng_state()
+    first, again = strong(image_bytes, augment_seed=7), strong(image_bytes, augment_seed=7)
+    assert torch.equal(torch.get_rng_state(), global_state)  # drawn from the sample's seed, not global state
+    assert torch.equal(first, again)
+    others = [strong(image_bytes, augment_seed=seed) for seed in range(8, 16)]
+    assert sum(not torch.equal(first, other) for other in others) >= 6  # most seeds draw some transform
+    assert torch.equal(strong(image_bytes), plain(image_bytes))  # no seed (evaluation): no augmentation
+    assert first.shape == plain(image_bytes).shape and first.min() >= -1 and first.max() <= 1
+
+
+def test_training_samples_are_augmented_the_same_for_any_number_of_processes(synth):
+    """Rank 1 of 2 gets the second half of each global batch, augmented exactly as one process would."""
+    codec = CTCCodec(ALPHABET, fold_case=True)
+    transform = ImageTransform(Preprocessing(32, 100), augmentation=Augmentation.from_config("strong", {}))
+    samples = SeededSamples([LmdbDataset(synth / "train", codec, 26, transform)])
+
+    def batches(rank: int, world_size: int) -> list[torch.Tensor]:
+        sampler = GlobalBatchSampler([len(samples)], 8, rank, world_size, seed=0)
+        sampler.set_steps(3, 5)
+        return [torch.stack([samples[item][0] for item in batch]) for batch in sampler]
+
+    whole, second_half = batches(0, 1), batches(1, 2)
+    for full, half in zip(whole, second_half):
+        assert torch.equal(full[4:], half)
+    plain = ImageTransform(Preprocessing(32, 100))
+    dataset = LmdbDataset(synth / "train", codec, 26, plain)
+    sampler = GlobalBatchSampler([len(samples)], 8, 0, 1, seed=0)
+    sampler.set_steps(3, 4)
+    [batch] = list(sampler)
+    assert not torch.equal(whole[0], torch.stack([dataset[index][0] for index, _ in batch]))
+
+
+@pytest.fixture(scope="module")
+def strongly_augmented(tiny_run, tmp_path_factory):
+    """tiny_run's best.pt, its config saying it trained with strong augmentation and every probability 1."""
+    checkpoint = load_checkpoint(tiny_run / "best.pt")
+    checkpoint["config"]["data"]["augment"] = "strong"
+    checkpoint["config"]["augment"] = {name: 1.0 for name in PROBABILITIES["strong"]}
+    path = tmp_path_factory.mktemp("augmented") / "best.pt"
+    save_checkpoint(path, checkpoint)
+    return path
+
+
+def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_path):
+    samples = read_lmdb(synth / "val")[:5]
+    paths = []
+    for index, (image_bytes, _) in enumerate(samples):
+        paths.append(tmp_path / f"{index}.jpg")
+        paths[-1].write_bytes(image_bytes)
+    model, codec, _, preprocessing = load_model(strongly_augmented)
+    with torch.inference_mode():
+        expected = codec.decode(model(torch.stack([ImageTransform(preprocessing)(image) for image, _ in samples])))
+    result = subprocess.run([sys.executable, "scripts/predict.py", str(strongly_augmented), *map(str, paths)],
+                            cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    read = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [float(confidence) for _, _, confidence in read] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+
+    dumps = {}
+    for name, checkpoint in (("augmented", strongly_augmented), ("plain", strongly_augmented.parent / "plain.pt")):
+        if name == "plain":
+            plain = load_checkpoint(strongly_augmented)
+            plain["config"]["data"]["augment"] = "none"
+            save_checkpoint(checkpoint, plain)
+        dumps[name] = tmp_path / f"{name}.tsv"
+        evaluated = subprocess.run(["bash", "scripts/eval.sh", str(checkpoint), str(synth / "val"), "--dump",
+                                    str(dumps[name])], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
+                                   capture_output=True, text=True, timeout=300)
+        assert evaluated.returncode == 0, evaluated.stderr
+    assert dumps["augmented"].read_text() == dumps["plain"].read_text()
