@@ -35,7 +35,10 @@ for variable in SLURM_JOB_NODELIST SLURM_JOB_NUM_NODES SLURM_JOB_ID; do
 done
 config=$1
 shift
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The whole list, then its first line: `| head -n 1` would close the pipe early, and under pipefail
+# scontrol's SIGPIPE (exit 141) fails the script whenever it had more lines left to write.
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${nodes%%$'\n'*}
 gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}
 
 # --max-restarts: a worker that dies (a GPU error, an OOM kill) brings every worker back, and they
