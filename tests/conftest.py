@@ -26,6 +26,14 @@ def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
         return [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
 
 
+def write_images(samples: list[tuple[bytes, str]], folder: Path) -> list[Path]:
+    """Each sample's image bytes as a file in `folder` (0.jpg, 1.jpg, ...), as a user's images would be."""
+    paths = [folder / f"{index}.jpg" for index in range(len(samples))]
+    for path, (image_bytes, _) in zip(paths, samples):
+        path.write_bytes(image_bytes)
+    return paths
+
+
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory) -> Path:
     """A synthetic dataset: OUT/train (96 samples), OUT/val (33: odd, so shards differ in size), OUT/test (20)."""

@@ -12,7 +12,7 @@ from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
 from data.sampler import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
 from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
 from utils.config import ConfigError, load_config, validate
 
@@ -81,10 +81,7 @@ def strongly_augmented(tiny_run, tmp_path_factory):
 
 def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:5]
-    paths = []
-    for index, (image_bytes, _) in enumerate(samples):
-        paths.append(tmp_path / f"{index}.jpg")
-        paths[-1].write_bytes(image_bytes)
+    paths = write_images(samples, tmp_path)
     model, codec, _, preprocessing = load_model(strongly_augmented)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(preprocessing)(image) for image, _ in samples])))

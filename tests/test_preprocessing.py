@@ -12,7 +12,7 @@ import torch
 
 from data.transforms import LEGACY, ImageTransform, Preprocessing, PreprocessingError
 from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
-from tests.conftest import REPO, read_lmdb, run_env
+from tests.conftest import REPO, read_lmdb, run_env, write_images
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
 RECORD = {"height": 32, "width": 100, "color": "L", "keep_aspect": False, "interpolation": "nearest",
@@ -53,10 +53,7 @@ def test_load_model_returns_the_checkpoint_record_not_the_config(recorded):
 
 def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:6]
-    paths = []
-    for index, (image_bytes, _) in enumerate(samples):
-        paths.append(tmp_path / f"{index}.jpg")
-        paths[-1].write_bytes(image_bytes)
+    paths = write_images(samples, tmp_path)
     model, codec, _, _ = load_model(recorded)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(Preprocessing.from_dict(RECORD, "test"))(image)
