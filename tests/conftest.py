@@ -26,11 +26,13 @@ def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
         return [(txn.get(b"image-%09d" % i), txn.get(b"label-%09d" % i).decode()) for i in range(1, count + 1)]
 
 
-def write_images(samples: list[tuple[bytes, str]], folder: Path) -> list[Path]:
-    """Each sample's image bytes as a file in `folder` (0.jpg, 1.jpg, ...), as a user's images would be."""
-    paths = [folder / f"{index}.jpg" for index in range(len(samples))]
-    for path, (image_bytes, _) in zip(paths, samples):
-        path.write_bytes(image_bytes)
+def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[Path]:
+    """`count` JPEGs of the val set, written under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, (image_bytes, _) in enumerate(read_lmdb(synth / "val")[start:start + count], start=start):
+        paths.append(folder / f"val{index:02d}.jpg")
+        paths[-1].write_bytes(image_bytes)
     return paths
 
 

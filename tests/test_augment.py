@@ -81,7 +81,7 @@ def strongly_augmented(tiny_run, tmp_path_factory):
 
 def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:5]
-    paths = write_images(samples, tmp_path)
+    paths = write_images(synth, tmp_path, 5)
     model, codec, _, preprocessing = load_model(strongly_augmented)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(preprocessing)(image) for image, _ in samples])))

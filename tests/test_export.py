@@ -12,8 +12,10 @@ import torch
 from data.transforms import ImageTransform, Preprocessing
 from utils.checkpoint import load_model
 
-from tests.conftest import REPO, read_lmdb, run_env
-from tests.test_predict import write_images
+from tests.conftest import REPO, read_lmdb, run_env, write_images
+from utils.config import load_config
+
+WIDTH = load_config("crnn.yaml", []).data.img_width
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_onnx_export_checks_itself_on_rendered_images_and_runs_under_onnxruntime
                            checkpoint, synth)
     described = json.loads(session.get_modelmeta().custom_metadata_map["crnn"])
     assert described["alphabet"] == "0123456789abcdefghijklmnopqrstuvwxyz"
-    assert described["preprocessing"] == {"height": 32, "width": 100, "color": "L", "keep_aspect": False,
+    assert described["preprocessing"] == {"height": 32, "width": WIDTH, "color": "L", "keep_aspect": False,
                                           "interpolation": "bilinear", "mean": [0.5], "std": [0.5],
                                           "padding": "replicate"}
 
@@ -120,12 +122,12 @@ def test_the_check_fails_on_differing_logits_or_texts(checkpoint, synth):
 
     wrong = compare(model, next_class, codec, batches, 1e-3)
     assert wrong[-1] == "check FAILED: texts differ and logits differ"
-    assert any(line.startswith("  differs: val0 at width 100: ") for line in wrong)
+    assert any(line.startswith(f"  differs: val0 at width {WIDTH}: ") for line in wrong)
 
-    def fixed_width(images):  # what the torch.export-based ONNX exporter produced: T frozen at 26
-        if images.shape[3] != 100:
+    def fixed_width(images):  # what the torch.export-based ONNX exporter produced: T frozen at the traced width's
+        if images.shape[3] != WIDTH:
             raise RuntimeError("cannot reshape to {26,-1,64}")
         return model(images)
 
     assert compare(model, fixed_width, codec, batches, 1e-3) == [
-        "check FAILED: the exported model failed on images (2, 1, 32, 200): cannot reshape to {26,-1,64}"]
+        f"check FAILED: the exported model failed on images (2, 1, 32, {2 * WIDTH}): cannot reshape to {{26,-1,64}}"]

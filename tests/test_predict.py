@@ -11,17 +11,7 @@ import torch
 from data.transforms import ImageTransform
 from utils.checkpoint import load_model
 
-from tests.conftest import REPO, read_lmdb, run_env
-
-
-def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[Path]:
-    """`count` JPEGs of the val set, written under `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for index, (image_bytes, _) in enumerate(read_lmdb(synth / "val")[start:start + count], start=start):
-        paths.append(folder / f"val{index:02d}.jpg")
-        paths[-1].write_bytes(image_bytes)
-    return paths
+from tests.conftest import REPO, run_env, write_images
 
 
 def predict(*args: str) -> subprocess.CompletedProcess:

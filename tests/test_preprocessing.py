@@ -12,6 +12,7 @@ import torch
 
 from data.transforms import LEGACY, ImageTransform, Preprocessing, PreprocessingError
 from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
+from utils.config import load_config
 from tests.conftest import REPO, read_lmdb, run_env, write_images
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
@@ -42,7 +43,8 @@ def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
                    cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
     for name in ("best.pt", "last.pt"):
         record = torch.load(out_dir / name, weights_only=True)["preprocessing"]
-        assert record == {"height": 32, "width": 100, "color": "L", "keep_aspect": True, "interpolation": "bicubic",
+        assert record == {"height": 32, "width": load_config("crnn.yaml", []).data.img_width, "color": "L",
+                          "keep_aspect": True, "interpolation": "bicubic",
                           "mean": [0.4], "std": [0.25], "padding": "replicate"}
 
 
@@ -53,7 +55,7 @@ def test_load_model_returns_the_checkpoint_record_not_the_config(recorded):
 
 def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:6]
-    paths = write_images(samples, tmp_path)
+    paths = write_images(synth, tmp_path, 6)
     model, codec, _, _ = load_model(recorded)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(Preprocessing.from_dict(RECORD, "test"))(image)
