@@ -23,9 +23,8 @@ PROBABILITIES = {
 }
 # How far each transform goes at each level (rotation and shear in degrees; shifts and scales as
 # fractions of the image; blur sigma in pixels; noise sigma in units of full brightness).
+# Level `none` with a probability overridden uses light's.
 STRENGTHS = {
-    "none": {"degrees": 0, "shear": 0, "scale": (1, 1), "translate": (0, 0), "distortion": 0, "brightness": 0,
-             "contrast": 0, "sigma": (0.1, 0.1), "noise": 0},
     "light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05), "distortion": 0.15,
               "brightness": 0.3, "contrast": 0.3, "sigma": (0.1, 1.0), "noise": 0.03},
     "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1), "distortion": 0.3,
@@ -49,7 +48,7 @@ class Augmentation:
         return cls(level, probabilities) if any(probabilities.values()) else None
 
     def __call__(self, pixels: Tensor, seed: int) -> Tensor:
-        strength = STRENGTHS[self.level if self.level != "none" else "light"]
+        strength = STRENGTHS.get(self.level, STRENGTHS["light"])
         p = self.probabilities
         # Corners that geometry uncovers take the image's border colour: black corners would be a
         # shape the model never meets in real crops.

@@ -4,6 +4,7 @@ Keys: `image-%09d` (encoded image bytes), `label-%09d` (UTF-8), 1-based, and `nu
 """
 from __future__ import annotations
 
+import bisect
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import lmdb
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 
 from data.codec import CTCCodec, ctc_min_frames
 from data.transforms import ImageTransform, image_size
@@ -200,20 +201,14 @@ class LmdbDataset(Dataset):
         return image, self.codec.remove_unknown(label) if self.remove_unknown else label
 
 
-class SeededSamples(Dataset):
+class SeededSamples(ConcatDataset):
     """Datasets concatenated, read by `(index, augment seed)` pairs, as data.sampler.GlobalBatchSampler yields them."""
-
-    def __init__(self, datasets: list[LmdbDataset]) -> None:
-        self.datasets = datasets
-        self.offsets = np.cumsum([0] + [len(dataset) for dataset in datasets])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[Tensor, str] | None:
         index, seed = item
-        which = int(np.searchsorted(self.offsets, index, side="right")) - 1
-        return self.datasets[which].load(index - int(self.offsets[which]), seed)
+        which = bisect.bisect_right(self.cumulative_sizes, index)  # ConcatDataset's own lookup
+        start = self.cumulative_sizes[which - 1] if which else 0
+        return self.datasets[which].load(index - start, seed)
 
 
 @dataclass

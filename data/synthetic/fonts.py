@@ -104,13 +104,8 @@ def find_fonts(folder: Path | None = None, installed: bool = True) -> list[Font]
     return sorted(unique.values(), key=lambda font: font.path)
 
 
+@lru_cache(maxsize=4096)  # per process: parsing a .ttf costs more than drawing a word with it
 def load_font(path: str | None, size: int) -> ImageFont.FreeTypeFont:
-    # Cached per process: parsing a .ttf costs more than drawing a word with it.
-    return _load_font(path, size)
-
-
-@lru_cache(maxsize=4096)
-def _load_font(path: str | None, size: int) -> ImageFont.FreeTypeFont:
     if path is None:
         return ImageFont.load_default(size=size)
     return ImageFont.truetype(path, size)

@@ -228,8 +228,6 @@ def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample
     variation = vary(font, rng)
     pieces = layout(text, font, rng, size)
 
-    # The box spans at least cap height to baseline, so words without ascenders or descenders are
-    # drawn at the same scale as the rest, and "o" stays smaller than "O".
     ascent, descent = font.getmetrics()
     width_of_text = max(x + font.getlength(piece) for piece, x, _ in pieces)
     margin = size  # room for the crop's margins and what the geometry moves in
