@@ -32,6 +32,7 @@ from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset, SeededSamples
 from data.sampler import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
 from models import build_model, count_parameters, output_frames
+from utils import cli
 from utils.checkpoint import load_checkpoint, load_initial_weights, save_checkpoint
 from utils.config import Config, ConfigError, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
@@ -43,7 +44,7 @@ from utils.precision import autocast, resolve_precision
 from utils.preemption import StopRequested, StopSignal, ignore_stop_signals
 from utils.rng import capture_rng_state, restore_rng_state
 from utils.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
-                              point_last_at, prune_checkpoints)
+                              point_last_at, prepare_run_folder, prune_checkpoints, write_config)
 from utils.run_log import LogWindow, RunLog
 from utils.sync_batchnorm import convert_sync_batchnorm
 from utils.visualize import caption_grid
@@ -156,7 +157,11 @@ def build_setup(config: Config, env: DistEnv) -> Setup:
     codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
     model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size,
                         channels=tuple(config.model.channels))
-    frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
+    try:
+        frames = output_frames(model, config.model.in_channels, config.data.img_height, config.data.img_width)
+    except ValueError as error:
+        raise ConfigError(f"data.img_height={config.data.img_height}, data.img_width={config.data.img_width}: "
+                          f"{error}") from None
     if config.model.sync_bn and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
     data = config.data
@@ -191,22 +196,29 @@ def wrap_for_training(model: nn.Module, env: DistEnv, compile: bool) -> nn.Modul
 
 
 def main() -> None:
-    args = parse_args()
-    config = load_config(args.config, args.overrides)
-    validate(config)
-    _, _, world_size, _ = read_env()
-    # Checked before any process group exists, so every rank stops with this message instead of hanging.
-    if config.train.batch_size % world_size or config.train.eval_batch_size % world_size:
-        raise ConfigError(f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
-                          f"{config.train.eval_batch_size} must divide by the {world_size} processes")
-    check_run_folder(config)
-    env = setup_distributed(config.device_ids, config.train.threads)
-    stop = StopSignal(env.cpu_group)
+    stop = StopSignal()  # first: a signal while starting up (the label scan can take minutes) ends it at once
     try:
-        train(config, env, stop)
+        args = parse_args()
+        config = load_config(args.config, args.overrides)
+        validate(config)
+        rank, _, world_size, _ = read_env()
+        # Checked before any process group exists, so every rank stops with this message instead of hanging.
+        if config.train.batch_size % world_size or config.train.eval_batch_size % world_size:
+            raise ConfigError(f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
+                              f"{config.train.eval_batch_size} must divide by the {world_size} processes")
+        check_run_folder(config)
+        if rank == 0:
+            prepare_run_folder(config.train.out_dir)
+        env = setup_distributed(config.device_ids, config.train.threads)
+        try:
+            train(config, env, stop)
+        finally:
+            cleanup_distributed()
+    except StopRequested as stopped:
+        print(stopped, file=sys.stderr)
+        sys.exit(stopped.exit_code)
     finally:
         stop.restore()
-        cleanup_distributed()
 
 
 def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> tuple[str, dict[str, Any]] | None:
@@ -227,16 +239,17 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     out_dir = Path(config.train.out_dir)
     log = RunLog(out_dir if env.is_main else None)
     resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
+    log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
+    setup = build_setup(config, env)
+    # Only now, with the data read and the model built, does the run write to its folder: a start that
+    # fails leaves nothing there to bind the folder to a config.
     if env.is_main:
         if config.train.overwrite:
             clear_run_folder(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+        write_config(out_dir, config)
         log.drop_records_after(resume_from[1]["step"] if resume_from else 0)
         if config.train.tensorboard:
             log.start_tensorboard(first_step=resume_from[1]["step"] + 1 if resume_from else 0)
-    log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
-    setup = build_setup(config, env)
     codec, model, sampler, optimizer, scheduler, scaler = (setup.codec, setup.model, setup.sampler, setup.optimizer,
                                                            setup.scheduler, setup.scaler)
     val_sets, precision, memory_format = setup.val_sets, setup.precision, setup.memory_format
@@ -314,6 +327,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
                      f"{env.world_size}: random streams restart (the data order is still exact)")
 
     # --- the loop -----------------------------------------------------------------------------------
+    stop.defer(env.cpu_group)
     model.train()
     log.start_progress(total=config.train.max_steps, initial=step)
     skipped_in_a_row = 0
@@ -376,11 +390,4 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except StopRequested as stopped:
-        print(stopped, file=sys.stderr)
-        sys.exit(stopped.exit_code)
-    except (ConfigError, FileNotFoundError, ValueError, TrainingDiverged) as error:
-        # Bad input, not a bug: the message names the file, key or option; a traceback would bury it.
-        sys.exit(f"error: {error}")
+    cli.run(main, expected=(TrainingDiverged,))

@@ -4,26 +4,35 @@ Kept free of torch so that data tools start fast.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from pathlib import Path
 
 # Names other toolkits give the CTC blank or padding (compared lowercased, without <>, [] or {}).
 BLANK_TOKEN_NAMES = {"blank", "pad", "ctc", "ctc_blank", "ctc-blank", "ctcblank", "eps", "epsilon"}
 BLANK_IS_IMPLICIT = "the CTC blank is class 0, added by the codec, and must not be listed"
+# A value that looks like a file name: something, a dot, then 1-5 ASCII letters or digits starting with
+# a letter. An alphabet of characters ends so only if it lists letters after a '.', in ASCII order, rare.
+FILE_NAME = re.compile(r".+\.[A-Za-z][A-Za-z0-9]{0,4}")
 
 
 def load_alphabet(spec: str) -> str:
     """Return the alphabet named by `spec`: the characters themselves, or a file with one per line.
 
-    A value that names an existing file, or that ends in `.txt`, is read as a file; anything else is
-    the alphabet. Files are how large alphabets (thousands of CJK characters) are given.
+    A value that names an existing file, or that looks like a file name (ends in `.` and a few
+    letters: `keys.txt`, `chars.dat`), is read as a file; anything else is the alphabet. Files are how
+    large alphabets (thousands of CJK characters) are given.
     """
     path = Path(spec)
-    if not (spec.endswith(".txt") or path.is_file()):
+    if not (FILE_NAME.fullmatch(spec) or path.is_file()):
         check_alphabet(spec, source="data.alphabet")
         return spec
+    if path.is_dir():
+        raise ValueError(f"alphabet file {spec!r} is a folder; give a file with one character per line")
     if not path.is_file():
-        raise FileNotFoundError(f"alphabet file {spec!r} does not exist (data.alphabet names a .txt file)")
+        raise FileNotFoundError(f"alphabet file {spec!r} does not exist (a value ending in '{path.suffix}' names a file,"
+                                f" one character per line; check the path, relative to the working directory; to mean these characters,"
+                                f" move the '.' elsewhere in the alphabet)")
     characters = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line:

@@ -28,12 +28,21 @@ DROP_REASONS = ("missing label", "missing image", "empty label", "characters out
 def open_lmdb(root: str | Path) -> lmdb.Environment:
     """Open an LMDB folder read-only, with a clear error when it is not one."""
     root = Path(root)
+    if root.is_file():
+        hint = f"; give its folder, {root.parent}" if root.name == "data.mdb" else ""
+        raise FileNotFoundError(f"LMDB {root} is a file: an LMDB is a folder holding data.mdb{hint}")
     if not root.is_dir():
         raise FileNotFoundError(f"LMDB folder {root} does not exist")
     if not (root / "data.mdb").is_file():
         raise FileNotFoundError(f"{root} holds no data.mdb: it is not an LMDB folder (see scripts/create_lmdb.py)")
-    # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
-    return lmdb.open(str(root), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
+    if not os.access(root / "data.mdb", os.R_OK):
+        raise PermissionError(f"{root / 'data.mdb'}: no permission to read it; fix its permissions (chmod a+r)")
+    try:
+        # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
+        return lmdb.open(str(root), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512)
+    except lmdb.Error as error:  # a data.mdb that is not an LMDB (cut short, or another file renamed)
+        raise ValueError(f"{root / 'data.mdb'} is not a readable LMDB ({error}); rebuild it with "
+                         f"scripts/create_lmdb.py") from None
 
 
 # py-lmdb allows one open environment per file per process, and the same LMDB may back several
@@ -79,6 +88,20 @@ def read_num_samples(txn: lmdb.Transaction, root: str | Path) -> int:
     return total
 
 
+def highest_index(txn: lmdb.Transaction) -> int:
+    """The highest index of an `image-` or `label-` key (0 if none), from two cursor seeks: no sample
+    lies beyond it, whatever num-samples says."""
+    highest = 0
+    for prefix in (b"image-", b"label-"):
+        cursor = txn.cursor()
+        # The key just before the first one past the prefix's keys, or the very last key.
+        found = cursor.prev() if cursor.set_range(prefix + b"\xff") else cursor.last()
+        key = bytes(cursor.key()) if found else b""
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            highest = max(highest, int(key[len(prefix):]))
+    return highest
+
+
 @dataclass
 class FilterReport:
     """What filtering kept and dropped in one LMDB, and why."""
@@ -120,7 +143,12 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
         total = read_num_samples(txn, root)
         report = FilterReport(root=str(root), total=total)
         kept: list[int] = []
-        for index in range(1, total + 1):
+        # Not range(1, total + 1): a num-samples of 10**12 would make this loop run for hours. The
+        # indices past the highest key hold nothing: counted as missing without a lookup each.
+        last = min(total, highest_index(txn))
+        if total > last:
+            report.dropped["missing label"] += total - last
+        for index in range(1, last + 1):
             raw = txn.get(b"label-%09d" % index)
             label = None if raw is None else codec.normalize(bytes(raw).decode("utf-8", errors="replace"))
             has_image = txn.get(b"image-%09d" % index) is not None

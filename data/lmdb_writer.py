@@ -29,8 +29,7 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
     unless `overwrite` is set.
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; remove it or pass --overwrite to replace it")
+    check_replaceable(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -54,6 +53,18 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return count
+
+
+def check_replaceable(path: Path, overwrite: bool) -> None:
+    """Refuse to write over anything but (with `overwrite`) an LMDB folder or an empty one: never a file
+    or a folder of other things (`--out datasets` by mistake)."""
+    if not path.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path} already exists; remove it or pass --overwrite to replace it")
+    if not (path.is_dir() and ((path / "data.mdb").is_file() or not any(path.iterdir()))):
+        raise FileExistsError(f"{path} exists and is not an LMDB folder (no data.mdb); --overwrite replaces only an"
+                              f" LMDB: give another path")
 
 
 def commit(env: lmdb.Environment, pending: list[list[tuple[bytes, bytes]]], num_samples: int | None = None) -> None:

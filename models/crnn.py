@@ -74,11 +74,11 @@ class CRNN(nn.Module):
         )
 
     def forward(self, images: Tensor) -> Tensor:
+        # The backbone pools 32 rows down to one, and needs 4 columns to leave one frame.
+        if images.shape[2] != 32 or images.shape[3] < 4:
+            raise ValueError(f"CRNN reads images 32 pixels high and at least 4 wide, got {images.shape[2]} x "
+                             f"{images.shape[3]}")
         features = self.backbone(images)  # [B, channels[-1], 1, T]
-        if features.shape[2] != 1:
-            raise ValueError(
-                f"CRNN expects images 32 pixels high, got {images.shape[2]} (feature height {features.shape[2]})"
-            )
         features = features.squeeze(2).permute(2, 0, 1)  # [T, B, channels[-1]]
         logits = self.sequence(features)  # [T, B, num_classes]
         return logits.transpose(0, 1)  # [B, T, num_classes]
@@ -90,10 +90,15 @@ def count_parameters(model: nn.Module) -> int:
 
 @torch.no_grad()
 def output_frames(model: nn.Module, in_channels: int, height: int, width: int) -> int:
-    """Frames T the model emits for a `height x width` image: the longest label CTC can align is T."""
+    """Frames T the model emits for a `height x width` image: the longest label CTC can align is T.
+    A size the model cannot read raises ValueError, with the model's reason."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    frames = model(torch.zeros(1, in_channels, height, width, device=device)).shape[1]
-    model.train(was_training)
+    try:
+        frames = model(torch.zeros(1, in_channels, height, width, device=device)).shape[1]
+    except RuntimeError as error:  # a fork's model without a check of its own: PyTorch's shape error
+        raise ValueError(f"the model cannot read {height} x {width} images: {str(error).splitlines()[0]}") from None
+    finally:
+        model.train(was_training)
     return frames

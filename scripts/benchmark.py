@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
 from train import build_setup, train_step, wrap_for_training  # noqa: E402
+from utils import cli  # noqa: E402
 from utils.losses import ctc_losses  # noqa: E402
 from utils.config import ConfigError, load_config, validate  # noqa: E402
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed  # noqa: E402
@@ -236,7 +237,4 @@ def report(results: dict, json_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        sys.exit(f"error: {error}")
+    cli.run(main)

@@ -5,13 +5,16 @@
 
 GT_FILE is UTF-8 text, one `relative/path<TAB>label` per line, paths relative to ROOT; blank lines are
 ignored. Every image is fully decoded once to check it, then its original file bytes are stored as they
-are (no re-encoding). Lines that fail a check are skipped and reported, grouped by reason.
+are (no re-encoding). Lines that fail a check are skipped and reported, grouped by reason. An image
+listed again (under the same path or another spelling of it: `./a.jpg`, `a.jpg`) with the same label
+is stored once; with another label it is an error, and nothing is written.
 """
 from __future__ import annotations
 
 import argparse
 import io
 import itertools
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
 from data.alphabet import load_alphabet  # noqa: E402
 from data.lmdb_writer import write_lmdb  # noqa: E402
+from utils import cli  # noqa: E402
 
 EXAMPLES_PER_REASON = 3
 
@@ -63,26 +67,52 @@ def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[byte
     return image_bytes, label
 
 
+def gt_lines(gt_file: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every non-blank line of `gt_file`."""
+    # utf-8-sig: editors on Windows start files with a byte-order mark that would join the first path.
+    with open(gt_file, encoding="utf-8-sig") as lines:
+        for number, line in enumerate(lines, start=1):
+            line = line.rstrip("\n")
+            if line.strip():
+                yield number, line
+
+
+def find_repeats(root: Path, gt_file: Path) -> tuple[dict[int, int], list[str]]:
+    """Images the GT lists more than once, however the path is spelled: {line number: the first line
+    listing that image} for repeats with the same label, and a description of each conflicting label."""
+    first: dict[str, tuple[int, str]] = {}
+    repeats, conflicts = {}, []
+    for number, line in gt_lines(gt_file):
+        relative_path, has_tab, label = line.partition("\t")
+        if not has_tab or not label.strip():  # skipped anyway, and reported as such
+            continue
+        image = os.path.realpath(root / relative_path)
+        if image not in first:
+            first[image] = (number, label)
+        elif first[image][1] == label:
+            repeats[number] = first[image][0]
+        else:
+            conflicts.append(f"{relative_path}: line {first[image][0]} says {first[image][1]!r}, line {number} says {label!r}")
+    return repeats, conflicts
+
+
 def read_samples(
-    root: Path, gt_file: Path, alphabet: set[str] | None, skipped: dict[str, list[str]]
+    root: Path, gt_file: Path, alphabet: set[str] | None, skipped: dict[str, list[str]], repeats: dict[int, int]
 ) -> Iterator[tuple[bytes, str]]:
     """Yield `(image_bytes, label)` for each good line of `gt_file`; record the others in `skipped`.
 
     `skipped` maps a reason to its lines, as "line N: path (detail)". A generator, so images stream
     into the LMDB instead of being held in memory.
     """
-    # utf-8-sig: editors on Windows start files with a byte-order mark that would join the first path.
-    with open(gt_file, encoding="utf-8-sig") as lines:
-        for number, line in enumerate(lines, start=1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            try:
-                yield check_sample(root, line, alphabet)
-            except BadLine as bad:
-                relative_path = line.partition("\t")[0]
-                where = f"line {number}: {relative_path}"
-                skipped[bad.reason].append(f"{where} ({bad.detail})" if bad.detail else where)
+    for number, line in gt_lines(gt_file):
+        try:
+            if number in repeats:
+                raise BadLine("image listed again, with the same label (stored once)", f"first at line {repeats[number]}")
+            yield check_sample(root, line, alphabet)
+        except BadLine as bad:
+            relative_path = line.partition("\t")[0]
+            where = f"line {number}: {relative_path}"
+            skipped[bad.reason].append(f"{where} ({bad.detail})" if bad.detail else where)
 
 
 def report_skipped(skipped: dict[str, list[str]]) -> None:
@@ -121,22 +151,28 @@ def main(argv: list[str] | None = None) -> None:
         except (OSError, ValueError) as error:
             sys.exit(f"error: --check-alphabet: {error}")
 
-    skipped: dict[str, list[str]] = defaultdict(list)
-    samples = read_samples(args.images, args.gt, alphabet, skipped)
     try:
-        # Look for one good sample first: with none, --overwrite must not replace a good LMDB by an empty one.
-        first = next(samples, None)
-        if first is None:
-            report_skipped(skipped)
-            sys.exit(f"error: no valid samples in {args.gt}; nothing written to {args.out}")
-        progress = tqdm(itertools.chain([first], samples), desc="checked and written", unit="img")
-        written = write_lmdb(args.out, progress, overwrite=args.overwrite)
+        repeats, conflicts = find_repeats(args.images, args.gt)
     except UnicodeDecodeError as error:
         sys.exit(f"error: --gt {args.gt} is not UTF-8 text ({error}); re-save it as UTF-8")
+    if conflicts:
+        shown = "\n  ".join(conflicts[:EXAMPLES_PER_REASON]) + (
+            f"\n  ... and {len(conflicts) - EXAMPLES_PER_REASON} more" if len(conflicts) > EXAMPLES_PER_REASON else "")
+        sys.exit(f"error: --gt {args.gt} gives {len(conflicts)} image(s) two different labels; keep one line per"
+                 f" image, nothing was written:\n  {shown}")
+    skipped: dict[str, list[str]] = defaultdict(list)
+    samples = read_samples(args.images, args.gt, alphabet, skipped, repeats)
+    # Look for one good sample first: with none, --overwrite must not replace a good LMDB by an empty one.
+    first = next(samples, None)
+    if first is None:
+        report_skipped(skipped)
+        sys.exit(f"error: no valid samples in {args.gt}; nothing written to {args.out}")
+    progress = tqdm(itertools.chain([first], samples), desc="checked and written", unit="img")
+    written = write_lmdb(args.out, progress, overwrite=args.overwrite)
     report_skipped(skipped)
     total_skipped = sum(len(examples) for examples in skipped.values())
     print(f"wrote {written} samples to {args.out} (skipped {total_skipped})")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

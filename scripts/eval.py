@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project i
 from data.lmdb_dataset import DROP_REASONS, Batch, CollateBatch, LmdbDataset, open_lmdb, shared_lmdb  # noqa: E402
 from data.transforms import ImageTransform  # noqa: E402
 from models import output_frames  # noqa: E402
-from utils.checkpoint import load_model  # noqa: E402
-from utils.config import ConfigError, load_config  # noqa: E402
+from utils import cli  # noqa: E402
+from utils.checkpoint import check_checkpoint_path, load_model  # noqa: E402
+from utils.config import load_config  # noqa: E402
 from utils.distributed import cleanup_distributed, gather_objects, setup_distributed  # noqa: E402
 from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
 from utils.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize  # noqa: E402
@@ -80,8 +81,7 @@ def parse_args() -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Fail on what the command line alone shows to be wrong, before a set is evaluated."""
-    if not Path(args.checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist")
+    check_checkpoint_path(args.checkpoint)
     for root in args.lmdbs:
         open_lmdb(root).close()  # the dataset's own errors for a missing folder or one that is no LMDB
     real = [os.path.realpath(root) for root in args.lmdbs]
@@ -247,7 +247,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        sys.exit(f"error: {error}")
+    cli.run(main)

@@ -7,5 +7,8 @@
 # PYTHON picks the interpreter (default: python3 on PATH, e.g. the activated .venv).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec "${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc_per_node="${NPROC:-1}" \
-    "$here/eval.py" "$@"
+# One process runs without torchrun, so an error is its one line, not under torchrun's traceback.
+if [ "${NPROC:-1}" = 1 ]; then
+    exec "${PYTHON:-python3}" "$here/eval.py" "$@"
+fi
+exec "${PYTHON:-python3}" -m torch.distributed.run --standalone --nproc_per_node="${NPROC}" "$here/eval.py" "$@"

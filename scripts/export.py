@@ -41,8 +41,9 @@ from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
 from data.transforms import ImageTransform, Preprocessing  # noqa: E402
 from data.synthetic.render import build_plan, render_sample  # noqa: E402
 from scripts.predict import image_paths  # noqa: E402
+from utils import cli  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
-from utils.config import ConfigError, load_config  # noqa: E402
+from utils.config import load_config  # noqa: E402
 
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}
 # 17 is read by every current runtime (onnxruntime >= 1.13, TensorRT >= 8.6) and has every op used here.
@@ -244,7 +245,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        sys.exit(f"error: {error}")
+    cli.run(main)

@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
 from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
+from data.lmdb_dataset import highest_index, open_lmdb, read_num_samples  # noqa: E402
+from utils import cli  # noqa: E402
 from utils.visualize import caption_grid  # noqa: E402
 
 EXAMPLES = 5  # indices shown per problem
@@ -86,19 +87,6 @@ def key_groups(txn: lmdb.Transaction) -> tuple[list[str], bool]:
 def show_key(key: bytes) -> str:
     text = key.decode("utf-8", errors="backslashreplace")
     return text if text.isprintable() else repr(text)
-
-
-def numbered_range_end(txn: lmdb.Transaction) -> int:
-    """The highest index of an image- or label- key: what to scan when num-samples is missing."""
-    highest = 0
-    for prefix in (b"image-", b"label-"):
-        cursor = txn.cursor()
-        # The key just before the first one past the prefix's keys, or the very last key.
-        found = cursor.prev() if cursor.set_range(prefix + b"\xff") else cursor.last()
-        key = bytes(cursor.key()) if found else b""
-        if key.startswith(prefix) and key[len(prefix):].isdigit():
-            highest = max(highest, int(key[len(prefix):]))
-    return highest
 
 
 def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
@@ -266,12 +254,7 @@ def main(argv: list[str] | None = None) -> None:
             alphabet = load_alphabet(args.alphabet)
         except (OSError, ValueError) as error:
             sys.exit(f"error: --alphabet: {error}")
-    try:
-        env = open_lmdb(args.lmdb)
-    except FileNotFoundError as error:
-        sys.exit(f"error: {error}")
-    except lmdb.Error as error:
-        sys.exit(f"error: {args.lmdb} is not a readable LMDB: {error}")
+    env = open_lmdb(args.lmdb)
     try:
         with env.begin(buffers=True) as txn:
             size = (args.lmdb / "data.mdb").stat().st_size
@@ -285,9 +268,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"num-samples: {error} (training refuses this LMDB)")
             groups, cut = key_groups(txn)
             print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
+            highest = highest_index(txn)
             if total is None:
-                total = numbered_range_end(txn)
+                total = highest
                 print(f"scanning indices 1 to {total}, the highest image-/label- key")
+            elif total > highest:
+                print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
+                      f" or the LMDB was cut short; scanning indices 1 to {highest}")
+                total = highest
             end = total if args.limit is None else min(total, args.limit)
             print("scanned: no samples" if end == 0 else
                   f"scanned: samples 1 to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
@@ -305,4 +293,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

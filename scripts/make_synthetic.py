@@ -36,7 +36,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
 from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_writer import write_lmdb  # noqa: E402
+from data.lmdb_writer import check_replaceable, write_lmdb  # noqa: E402
+from utils import cli  # noqa: E402
 from data.synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font  # noqa: E402
 from data.synthetic.render import RenderPlan, build_plan, encode_meta, render_sample  # noqa: E402
 from data.synthetic.text import WORDS_FILE  # noqa: E402
@@ -148,9 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --alphabet has only whitespace; give it characters that can be drawn")
     counts = {"train": args.train, "val": args.val, "test": args.test}
     # Checked before rendering anything, so an existing val does not fail the run after train is done.
-    existing = [args.out / split for split in SPLITS if counts[split] and (args.out / split).exists()]
-    if existing and not args.overwrite:
-        sys.exit(f"error: {existing[0]} already exists; remove it or pass --overwrite to replace it")
+    for split in SPLITS:
+        if counts[split]:
+            check_replaceable(args.out / split, args.overwrite)
     words_file = None if args.no_words else args.words
     if words_file is not None and not words_file.is_file():
         sys.exit(f"error: --words: {words_file} does not exist")
@@ -180,4 +181,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

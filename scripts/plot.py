@@ -11,7 +11,6 @@ metrics.jsonl that are neither a training record (`step` and `loss`) nor a valid
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from utils import cli  # noqa: E402
+from utils.jsonl import read_jsonl  # noqa: E402
 from utils.visualize import caption_font  # noqa: E402
 
 PANEL_WIDTH, PANEL_HEIGHT, MARGIN = 760, 340, 16
@@ -49,15 +50,9 @@ class Records:
 
 def load_records(path: Path) -> Records:
     """The training and validation records of a metrics.jsonl; any other line is skipped."""
-    records = Records()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            records.ignored += 1
-            continue
+    rows, unreadable = read_jsonl(path)
+    records = Records(ignored=unreadable)
+    for _, record in rows:
         if not isinstance(record, dict) or not is_number(record.get("step")):
             continue
         if isinstance(record.get("val"), str) and "accuracy" in record:
@@ -256,4 +251,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

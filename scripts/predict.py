@@ -23,8 +23,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
 from data.transforms import ImageTransform  # noqa: E402
+from utils import cli  # noqa: E402
 from utils.checkpoint import load_model  # noqa: E402
-from utils.config import Config, ConfigError, load_config  # noqa: E402
+from utils.config import Config, load_config  # noqa: E402
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
 
@@ -125,7 +126,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        sys.exit(f"error: {error}")
+    cli.run(main)

@@ -26,7 +26,7 @@ def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
     assert config.augment.blur == 0.9 and config.augment.invert is None
     validate(config)
     for override, message in (("data.augment=heavy", "data.augment: 'heavy' is not one of none, light, strong"),
-                              ("augment.blur=1.5", r"augment.blur=1.5: a probability, from 0 to 1")):
+                              ("augment.blur=1.5", r"augment.blur=1.5: must be from 0 to 1")):
         with pytest.raises(ConfigError, match=message):
             validate(load_config("crnn.yaml", [override]))
 

@@ -63,7 +63,7 @@ def test_dict_round_trip():
 @pytest.mark.parametrize("overrides, message", [
     (["data.interpolation=area"], r"data.interpolation: 'area' is not one of nearest, bilinear"),
     (["data.mean=[0.5,0.5]"], r"data.mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
-    (["data.std=[0.0]"], r"data.std=\[0.0\]: each value must be positive"),
+    (["data.std=[0.0]"], r"data.std\[0\]=0.0: must be from 1e-06 to 1000"),
     (["model.in_channels=3", "data.std=[0.2,0.2]"], r"data.std=\[0.2, 0.2\]: give 1 value, or one per channel \(3\)"),
 ])
 def test_preprocessing_keys_are_checked(overrides, message):

@@ -56,11 +56,21 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint (or a bare state dict, returned as `{"model": ...}`) with prefixes stripped."""
+def check_checkpoint_path(path: str | Path) -> Path:
+    """`path` if it is a file; else an error that says so, and which checkpoint a run folder holds."""
     path = Path(path)
+    if path.is_dir():
+        inside = [path / name for name in ("best.pt", "last.pt") if (path / name).is_file()]
+        raise FileNotFoundError(f"checkpoint {path} is a folder; give a .pt file"
+                                + (f", e.g. {inside[0]}" if inside else ""))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint (or a bare state dict, returned as `{"model": ...}`) with prefixes stripped."""
+    path = check_checkpoint_path(path)
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:

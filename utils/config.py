@@ -7,6 +7,7 @@ Unknown keys and values of the wrong type are errors that name the full key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -144,15 +145,46 @@ def resolve_config_path(name: str) -> Path:
     raise ConfigError(f"config file {name!r} not found (looked in the current folder and in {CONFIG_DIR})")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the last
+    one silently, so a second `train:` section would drop every key of the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"{self.name}:{line}: {key!r} is given twice in the same section (first at line "
+                                  f"{seen[key]}); YAML would keep only the last: merge them into one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml_file(path: Path) -> Any:
+    """A YAML file's contents, refusing repeated keys; errors name the file (and line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error}); re-save it as UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder; give a YAML file") from None
+    loader = UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | None, overrides: list[str]) -> Config:
     """Defaults, then the YAML file's values, then `key=value` overrides (values parsed as YAML)."""
     config = Config()
     if path:
         config_path = resolve_config_path(path)
-        try:
-            values = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{config_path}: not valid YAML: {error}") from None
+        values = read_yaml_file(config_path) or {}
         if not isinstance(values, dict):
             raise ConfigError(f"{config_path}: expected a mapping of sections at the top level")
         apply_values(config, values, prefix="", source=str(config_path))
@@ -255,33 +287,43 @@ def validate(config: Config) -> None:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
-    positive = {
-        "train.batch_size": config.train.batch_size,
-        "train.max_steps": config.train.max_steps,
-        "train.eval_every": config.train.eval_every,
-        "train.log_every": config.train.log_every,
-        "train.eval_batch_size": config.train.eval_batch_size,
-        "train.save_every": config.train.save_every,
-        "train.keep_checkpoints": config.train.keep_checkpoints,
-        "train.max_nonfinite_steps": config.train.max_nonfinite_steps,
-        "data.img_width": config.data.img_width,
-        "optim.lr": config.optim.lr,
+    # (value, lowest, highest) of every number: checked here, where the config is read, not deep in
+    # PyTorch. NaN fails every comparison, so it is refused too.
+    ranges: dict[str, tuple[float, float, float]] = {
+        "train.batch_size": (config.train.batch_size, 1, math.inf),
+        "train.max_steps": (config.train.max_steps, 1, math.inf),
+        "train.eval_every": (config.train.eval_every, 1, math.inf),
+        "train.log_every": (config.train.log_every, 1, math.inf),
+        "train.eval_batch_size": (config.train.eval_batch_size, 1, math.inf),
+        "train.save_every": (config.train.save_every, 1, math.inf),
+        "train.keep_checkpoints": (config.train.keep_checkpoints, 1, math.inf),
+        "train.max_nonfinite_steps": (config.train.max_nonfinite_steps, 1, math.inf),
+        "train.seed": (config.train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
+        "train.threads": (config.train.threads, 0, math.inf),
+        "data.img_height": (config.data.img_height, 1, math.inf),  # and what the model needs: models.check_input_size
+        "data.img_width": (config.data.img_width, 1, math.inf),
+        "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
+        "data.num_workers": (config.data.num_workers, 0, math.inf),
+        "model.hidden_size": (config.model.hidden_size, 1, math.inf),
+        "optim.lr": (config.optim.lr, 1e-12, math.inf),
+        "optim.weight_decay": (config.optim.weight_decay, 0, 1e3),
+        "optim.warmup_steps": (config.optim.warmup_steps, 0, math.inf),
+        "optim.min_lr_ratio": (config.optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
+        "optim.grad_clip": (config.optim.grad_clip, 0, math.inf),
     }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
+    ranges.update({f"model.channels[{i}]": (width, 1, math.inf) for i, width in enumerate(config.model.channels)})
+    ranges.update({f"data.mean[{i}]": (value, -1e3, 1e3) for i, value in enumerate(config.data.mean)})
+    ranges.update({f"data.std[{i}]": (value, 1e-6, 1e3) for i, value in enumerate(config.data.std)})
+    ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
+    ranges.update({f"augment.{name}": (value, 0, 1) for name, value in dataclasses.asdict(config.augment).items()
+                   if value is not None})
+    for key, (value, lowest, highest) in ranges.items():
+        if not (lowest <= value <= highest and math.isfinite(value)):
+            bounds = f"at least {lowest:g}" if highest == math.inf else f"from {lowest:g} to {highest:g}"
+            raise ConfigError(f"{key}={value}: must be {'a finite number, ' if not math.isfinite(value) else ''}{bounds}")
     for key, values in (("data.mean", config.data.mean), ("data.std", config.data.std)):
         if len(values) not in (1, config.model.in_channels):
             raise ConfigError(f"{key}={values}: give 1 value, or one per channel ({config.model.in_channels})")
-    if min(config.data.std, default=0) <= 0:
-        raise ConfigError(f"data.std={config.data.std}: each value must be positive (pixels are divided by it)")
-    for name, probability in dataclasses.asdict(config.augment).items():
-        if probability is not None and not 0 <= probability <= 1:
-            raise ConfigError(f"augment.{name}={probability}: a probability, from 0 to 1 (null: data.augment's)")
-    if config.data.eval_width_step < 0:
-        raise ConfigError(f"data.eval_width_step must be 0 or more, got {config.data.eval_width_step}")
-    if config.data.num_workers < 0:
-        raise ConfigError(f"data.num_workers must be 0 or more, got {config.data.num_workers}")
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
     ratios = config.data.train_ratios

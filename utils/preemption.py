@@ -2,9 +2,12 @@
 
 SLURM and Kubernetes send SIGTERM before they kill a job; torchrun forwards it to its workers; a
 user presses Ctrl-C (SIGINT). The signal may reach one rank only, and a rank that left the loop on
-its own would leave the others waiting forever in the next all-reduce. So the handler only notes
-the signal, and at every step boundary the ranks take the maximum of their notes: all of them stop
-at the same step, save one checkpoint and exit with 128 + the signal number.
+its own would leave the others waiting forever in the next all-reduce. So, once the loop runs, the
+handler only notes the signal, and at every step boundary the ranks take the maximum of their notes:
+all of them stop at the same step, save one checkpoint and exit with 128 + the signal number.
+
+Before the loop (reading labels, loading a checkpoint) there is no step boundary to wait for and
+nothing to save: a signal stops the process at once.
 """
 from __future__ import annotations
 
@@ -22,22 +25,32 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopRequested(Exception):
     """Raised after the checkpoint is written; `exit_code` is the shell's 128 + signal number."""
 
-    def __init__(self, signum: int, step: int, checkpoint: str) -> None:
+    def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None) -> None:
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}; "
-                         f"run the same command again to resume from it")
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} at step {step}; checkpoint {checkpoint}; run the same command again "
+                         f"to resume from it" if checkpoint else
+                         f"stopped by {name} before training started; nothing was saved")
 
 
 class StopSignal:
-    """Installs the handlers on creation; `agreed()` is the collective check at a step boundary."""
+    """Installs the handlers on creation: until `defer()` a signal stops the process at once (raises
+    StopRequested); after it, `agreed()` is the collective check at a step boundary."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        self.group = group  # a gloo group: the check stays on the CPU even when training uses NCCL
+    def __init__(self) -> None:
+        self.group: dist.ProcessGroup | None = None  # gloo: the check stays on the CPU even when training uses NCCL
         self.received = 0
+        self.deferred = False
         self.previous = {signum: signal.signal(signum, self.handle) for signum in SIGNALS}
 
+    def defer(self, group: dist.ProcessGroup | None) -> None:
+        """The loop starts: from now on a signal is noted and acted on at the next step boundary."""
+        self.group, self.deferred = group, True
+
     def handle(self, signum: int, frame: object) -> None:
+        if not self.deferred:
+            raise StopRequested(signum)
         self.received = self.received or signum
         print(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary", file=sys.stderr)
         if signum == signal.SIGINT:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +21,8 @@ from utils.checkpoint import load_checkpoint
 from utils.config import Config, ConfigError, resumable_keys, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
-RUN_FILES = ("config.yaml", "last.pt", "best.pt", "metrics.jsonl", "tensorboard")
+CHECKPOINT_FILES = ("last.pt", "best.pt")
+RUN_FILES = ("config.yaml", *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -68,8 +70,11 @@ def point_last_at(checkpoint: Path) -> None:
 
 
 def holds_a_run(out_dir: str | Path) -> bool:
+    """Whether `out_dir` holds a checkpoint. A config.yaml or a log without one is what a start that
+    failed (a typo in a path, a bad value) left: it binds the folder to nothing, and the next run
+    replaces it."""
     folder = Path(out_dir)
-    return any((folder / name).exists() for name in RUN_FILES) or bool(numbered_checkpoints(folder))
+    return any((folder / name).exists() for name in CHECKPOINT_FILES) or bool(numbered_checkpoints(folder))
 
 
 def config_differences(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -105,6 +110,8 @@ def check_run_folder(config: Config) -> None:
     """
     out_dir = Path(config.train.out_dir)
     resume = config.train.resume
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"train.out_dir={out_dir} is a file; give a folder (it is created if missing)")
     if config.train.overwrite or not holds_a_run(out_dir):
         return
     if resume == "none":
@@ -112,7 +119,10 @@ def check_run_folder(config: Config) -> None:
             f"train.out_dir={out_dir} holds another run; continue it (train.resume=auto), pick a new "
             f"train.out_dir, or set train.overwrite=true to delete its checkpoints and log")
     saved = out_dir / "config.yaml"
-    previous = yaml.safe_load(saved.read_text(encoding="utf-8")) if saved.is_file() else None
+    try:
+        previous = yaml.safe_load(saved.read_text(encoding="utf-8")) if saved.is_file() else None
+    except (yaml.YAMLError, UnicodeDecodeError):
+        previous = None
     if not isinstance(previous, dict):
         raise ConfigError(f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
                           f"train.out_dir or set train.overwrite=true")
@@ -123,6 +133,28 @@ def check_run_folder(config: Config) -> None:
             f"train.out_dir={out_dir} holds a run with another configuration:\n  " + "\n  ".join(differences)
             + "\npick a new train.out_dir, change these back to continue that run, "
             "or set train.overwrite=true to delete its checkpoints and log")
+
+
+def prepare_run_folder(out_dir: str | Path) -> None:
+    """Create `out_dir` and make sure files can be written in it, before any work is done: a folder on a
+    read-only disk, or without permission, is then a one-line error at start-up, not after an hour."""
+    folder = Path(out_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise ConfigError(f"train.out_dir={folder}: cannot write there ({error.strerror or error}); "
+                          f"pick another folder") from None
+
+
+def write_config(out_dir: str | Path, config: Config) -> None:
+    """The run's config.yaml, replaced atomically: a crash never leaves half of it."""
+    path = Path(out_dir) / "config.yaml"
+    temporary = path.with_name(".config.yaml.tmp")
+    temporary.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def clear_run_folder(out_dir: str | Path) -> None:

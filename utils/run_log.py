@@ -16,6 +16,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from utils.distributed import all_reduce_sum
+from utils.jsonl import read_jsonl
 
 
 class RunLog:
@@ -54,11 +55,15 @@ class RunLog:
             self.board.add_image(tag, np.asarray(image.convert("RGB")), step, dataformats="HWC")
 
     def drop_records_after(self, step: int) -> None:
-        """Forget what a run that died after `step` logged: the resumed run logs those steps again."""
+        """Forget what a run that died after `step` logged: the resumed run logs those steps again. A line
+        the crash cut short is dropped too, with a warning."""
         if self.metrics_path is None or not self.metrics_path.is_file():
             return
-        lines = self.metrics_path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        rows, unreadable = read_jsonl(self.metrics_path)
+        if unreadable:
+            self.info(f"warning: {self.metrics_path}: dropped {unreadable} unreadable line(s), what a crash or a full "
+                      f"disk leaves when it cuts a write short")
+        kept = [line + "\n" for line, record in rows if not isinstance(record, dict) or record.get("step", 0) <= step]
         temporary = self.metrics_path.with_suffix(".tmp")
         temporary.write_text("".join(kept), encoding="utf-8")
         os.replace(temporary, self.metrics_path)
