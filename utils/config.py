@@ -327,7 +327,7 @@ def validate(config: Config) -> None:
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
     ratios = config.data.train_ratios
-    if ratios and (len(ratios) != len(config.data.train) or min(ratios) < 0 or sum(ratios) <= 0):
+    if ratios and (len(ratios) != len(config.data.train) or sum(ratios) <= 0):  # each >= 0: the table above
         raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
                           f"({len(config.data.train)}), not all 0")
     if not config.train.resume:
