@@ -4,7 +4,7 @@ data-loader workers.
 A level (`data.augment`: none | light | strong) sets how likely each transform is and how strong;
 the `augment` section of the config overrides any probability. Every sample draws from a generator
 seeded by its own seed (train.seed, the step and its place in the global batch, see
-data.sampler), never from a process's global random state: a resumed run, a run on another number
+data.samplers), never from a process's global random state: a resumed run, a run on another number
 of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
 """
 from __future__ import annotations

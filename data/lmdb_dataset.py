@@ -1,6 +1,6 @@
 """Text-recognition samples from an LMDB in the field's format, opened read-only.
 
-Keys: `image-%09d` (encoded image bytes), `label-%09d` (UTF-8), 1-based, and `num-samples`.
+Keys: data/lmdb_keys.py.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
 
 from data.codec import CTCCodec, ctc_min_frames
+from data.lmdb_keys import IMAGE_PREFIX, LABEL_PREFIX, NUM_SAMPLES, image_key, label_key
 from data.transforms import ImageTransform, image_size
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
@@ -75,7 +76,7 @@ def lmdb_for_scan(root: str | Path) -> Iterator[lmdb.Environment]:
 
 
 def read_num_samples(txn: lmdb.Transaction, root: str | Path) -> int:
-    raw = txn.get(b"num-samples")
+    raw = txn.get(NUM_SAMPLES)
     if raw is None:
         raise ValueError(f"{root}: the LMDB has no 'num-samples' key; it is not in the text-recognition format")
     raw = bytes(raw)  # a memoryview in a buffers=True transaction
@@ -92,7 +93,7 @@ def highest_index(txn: lmdb.Transaction) -> int:
     """The highest index of an `image-` or `label-` key (0 if none), from two cursor seeks: no sample
     lies beyond it, whatever num-samples says."""
     highest = 0
-    for prefix in (b"image-", b"label-"):
+    for prefix in (IMAGE_PREFIX, LABEL_PREFIX):
         cursor = txn.cursor()
         # The key just before the first one past the prefix's keys, or the very last key.
         found = cursor.prev() if cursor.set_range(prefix + b"\xff") else cursor.last()
@@ -149,9 +150,9 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
         if total > last:
             report.dropped["missing label"] += total - last
         for index in range(1, last + 1):
-            raw = txn.get(b"label-%09d" % index)
+            raw = txn.get(label_key(index))
             label = None if raw is None else codec.normalize(bytes(raw).decode("utf-8", errors="replace"))
-            has_image = txn.get(b"image-%09d" % index) is not None
+            has_image = txn.get(image_key(index)) is not None
             report.present += label is not None or has_image
             reason = None
             if label is None:
@@ -204,7 +205,7 @@ class LmdbDataset(Dataset):
         with lmdb_for_scan(self.root) as env, env.begin(buffers=True) as txn:
             for position, index in enumerate(self.indices.tolist()):
                 try:
-                    widths[position] = self.transform.padded_width(*image_size(txn.get(b"image-%09d" % index)))
+                    widths[position] = self.transform.padded_width(*image_size(txn.get(image_key(index))))
                 except Exception:  # undecodable: loading drops it, whatever batch it lands in
                     pass
         return widths
@@ -216,8 +217,8 @@ class LmdbDataset(Dataset):
         """Sample `position`, augmented as `augment_seed` draws if the transform augments."""
         index = int(self.indices[position])
         with shared_lmdb(self.root).begin(buffers=True) as txn:
-            label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
-            image_bytes = txn.get(b"image-%09d" % index)
+            label = bytes(txn.get(label_key(index))).decode("utf-8", errors="replace")
+            image_bytes = txn.get(image_key(index))
             image_bytes = bytes(image_bytes) if image_bytes is not None else None
         if image_bytes is None:
             return None
@@ -230,7 +231,7 @@ class LmdbDataset(Dataset):
 
 
 class SeededSamples(ConcatDataset):
-    """Datasets concatenated, read by `(index, augment seed)` pairs, as data.sampler.GlobalBatchSampler yields them."""
+    """Datasets concatenated, read by `(index, augment seed)` pairs, as data.samplers.GlobalBatchSampler yields them."""
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[Tensor, str] | None:
         index, seed = item

@@ -1,8 +1,7 @@
 """Write an LMDB in the field's text-recognition format.
 
-Keys: `image-%09d` (encoded image bytes) and `label-%09d` (UTF-8 text), 1-based and contiguous, plus
-`num-samples`. This is the layout bgshih/crnn, crnn.pytorch, deep-text-recognition-benchmark,
-parseq and mmocr read.
+The keys are data/lmdb_keys.py's, the layout bgshih/crnn, crnn.pytorch,
+deep-text-recognition-benchmark, parseq and mmocr read.
 """
 from __future__ import annotations
 
@@ -12,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import lmdb
+
+from data.lmdb_keys import NUM_SAMPLES, image_key, label_key, meta_key
 
 COMMIT_EVERY = 1000
 # The map starts small and doubles whenever it fills: a fixed huge map is only address space on
@@ -38,8 +39,8 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
         for image_bytes, label, *meta in samples:
             count += 1
-            pending.append([(b"image-%09d" % count, image_bytes), (b"label-%09d" % count, label.encode("utf-8")),
-                            *((b"meta-%09d" % count, value) for value in meta)])
+            pending.append([(image_key(count), image_bytes), (label_key(count), label.encode("utf-8")),
+                            *((meta_key(count), value) for value in meta)])
             if len(pending) == COMMIT_EVERY:
                 commit(env, pending)
                 pending = []
@@ -76,7 +77,7 @@ def commit(env: lmdb.Environment, pending: list[list[tuple[bytes, bytes]]], num_
                     for key, value in pairs:
                         txn.put(key, value)
                 if num_samples is not None:
-                    txn.put(b"num-samples", str(num_samples).encode())
+                    txn.put(NUM_SAMPLES, str(num_samples).encode())
             return
         except lmdb.MapFullError:  # the transaction was aborted: grow and write it again
             env.set_mapsize(2 * env.info()["map_size"])

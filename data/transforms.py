@@ -32,8 +32,6 @@ INTERPOLATIONS = {
 }
 COLORS = {"L": 1, "RGB": 3}  # Pillow's modes: "L" is ITU-R 601-2 luma (0.299 R + 0.587 G + 0.114 B)
 PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the last column
-# What checkpoints written before the record existed were fed: the code's constants at the time.
-LEGACY = {"interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
 
 
 class PreprocessingError(ValueError):
@@ -108,16 +106,6 @@ class Preprocessing:
             return cls(**values)
         except (TypeError, PreprocessingError) as error:
             raise PreprocessingError(f"{source}: its preprocessing record is not usable: {error}") from None
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: dict[str, Any], source: str) -> Preprocessing:
-        """The checkpoint's own record; one written before records existed gets the constants of that time."""
-        if "preprocessing" in checkpoint:
-            return cls.from_dict(checkpoint["preprocessing"], source)
-        data, model = checkpoint["config"]["data"], checkpoint["config"].get("model", {})
-        return cls(height=data["img_height"], width=data["img_width"], color="L" if model.get("in_channels", 1) == 1
-                   else "RGB", keep_aspect=data.get("keep_aspect", False), interpolation=LEGACY["interpolation"],
-                   mean=tuple(LEGACY["mean"]), std=tuple(LEGACY["std"]), padding=LEGACY["padding"])
 
 
 def to_8bit(image: Image.Image, mode: str) -> Image.Image:
@@ -211,3 +199,14 @@ def image_size(image_bytes: bytes) -> tuple[int, int]:
     """(width, height) of an encoded image, from its header alone."""
     with Image.open(io.BytesIO(image_bytes)) as image:
         return image.size
+
+
+def build_transform(config: Any, preprocessing: Preprocessing | None = None, train: bool = False) -> ImageTransform:
+    """The one place a run's config makes a transform: `preprocessing` (default: the config's own; a
+    checkpoint's record for evaluation), with data.augment for training, or with evaluation's
+    data.eval_width_step. Validation, eval.sh and predict.py never augment."""
+    preprocessing = preprocessing or Preprocessing.from_config(config)
+    if train:
+        return ImageTransform(preprocessing, augmentation=Augmentation.from_config(
+            config.data.augment, dataclasses.asdict(config.augment)))
+    return ImageTransform(preprocessing, config.data.eval_width_step)

@@ -1,21 +1,7 @@
-"""Model registry: the one place a fork swaps the backbone or adds an architecture."""
-from __future__ import annotations
-
-from typing import Any
-
-from torch import nn
-
+"""Models: the registry (models/registry.py), the CRNN, the CTC loss. A new architecture is a module
+here that registers itself with `@register_model("name")`, imported below."""
 from models.crnn import CRNN, count_parameters, output_frames
+from models.registry import ARCHITECTURES, build_model, check_model_config, model_from_config, register_model
 
-ARCHITECTURES = {"crnn": CRNN}
-
-
-def build_model(arch: str, num_classes: int, in_channels: int, hidden_size: int, **settings: Any) -> nn.Module:
-    """A fresh model whose `forward(images [B, C, H, W]) -> logits [B, T, num_classes]`; `settings` are
-    the architecture's own (the CRNN's `channels`)."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"model.arch: unknown architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[arch](num_classes=num_classes, in_channels=in_channels, hidden_size=hidden_size, **settings)
-
-
-__all__ = ["ARCHITECTURES", "CRNN", "build_model", "count_parameters", "output_frames"]
+__all__ = ["ARCHITECTURES", "CRNN", "build_model", "check_model_config", "count_parameters", "model_from_config",
+           "output_frames", "register_model"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.registry import register_model
+
 # (kernel, padding, pooling after the layer) of each convolution. The two (2, 1) poolings halve the
 # height but keep the width, so a 32 x 100 image becomes 26 frames: enough for words of up to ~20
 # characters.
@@ -25,6 +27,9 @@ def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> 
     if len(channels) != len(VGG_LAYERS):
         raise ValueError(f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
                          f"{len(channels)} widths: {list(channels)}")
+    for position, width in enumerate(channels):
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"model.channels[{position}]={width}: must be at least 1 (an integer)")
     layers: list[nn.Module] = []
     for out_channels, (kernel, padding, pool) in zip(channels, VGG_LAYERS):
         # Every convolution is followed by BatchNorm (the paper has it on two): it shortens CTC's
@@ -55,6 +60,7 @@ class BidirectionalLSTM(nn.Module):
         return self.linear(hidden)
 
 
+@register_model("crnn")
 class CRNN(nn.Module):
     """Text-line images `[B, C, 32, W]` -> per-frame class logits `[B, T, num_classes]`.
 

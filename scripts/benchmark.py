@@ -10,7 +10,7 @@ Measured in one run, each after warm-up steps that are not timed:
 - compute floor: the same step on one batch already in memory, so the loop's fraction of it is what
   data loading, host work and DDP cost;
 - data loading alone: decode + transform + collate from the LMDB with the configured workers;
-- evaluation: `utils.evaluate.evaluate` over the first validation LMDB;
+- evaluation: `evaluation.evaluate.evaluate` over the first validation LMDB;
 - FLOPs per image (torch.utils.flop_counter), the device's dense matmul rate in the same precision,
   and peak memory (RSS; CUDA max allocated on a GPU).
 Speed depends on everything else running on the machine: measure on an idle one.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,14 +27,14 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from train import build_setup, train_step, wrap_for_training  # noqa: E402
-from utils import cli  # noqa: E402
-from utils.losses import ctc_losses  # noqa: E402
-from utils.config import ConfigError, load_config, validate  # noqa: E402
-from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed  # noqa: E402
-from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
-from utils.precision import autocast  # noqa: E402
+from data.loaders import build_eval_loader
+from evaluation.evaluate import evaluate
+from models.losses import ctc_losses
+from train import build_setup, train_step, wrap_for_training
+from utils import cli
+from utils.config import ConfigError, load_config, validate
+from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
+from utils.precision import autocast
 
 ROUNDS = 5
 
@@ -93,7 +92,7 @@ def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch, device:
         forward = counter.get_total_flops()
         counter = FlopCounterMode(display=False)
         with torch.backends.mkldnn.flags(enabled=False), counter:
-            losses, _ = ctc_losses(model(images), batch, device, count_infinite=False)
+            losses, _ = ctc_losses(model(images), batch.targets, batch.target_lengths, count_infinite=False)
             losses.mean().backward()
     model.zero_grad(set_to_none=True)
     return forward / len(images), counter.get_total_flops() / len(images)
@@ -184,7 +183,7 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
         "compile": config.train.compile,
         "global_batch": config.train.batch_size,
         "augment": config.data.augment,  # applied in the loader workers, so it costs the loop only if they fall behind
-        "model_channels": list(config.model.channels),
+        "model_settings": config.model.settings,
         "image_size": [config.data.img_height, config.data.img_width],
         "train_images_per_s": {"per_process_rank0": per_process["train_loop"], "total": loop_total},
         "compute_floor_images_per_s": {"per_process_rank0": per_process["compute_floor"], "total": floor_total},

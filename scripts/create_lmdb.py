@@ -23,10 +23,9 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
-from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_writer import write_lmdb  # noqa: E402
-from utils import cli  # noqa: E402
+from data.alphabet import load_alphabet
+from data.lmdb_writer import write_lmdb
+from utils import cli
 
 EXAMPLES_PER_REASON = 3
 

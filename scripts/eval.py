@@ -17,25 +17,25 @@ import csv
 import io
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from PIL import Image
 from torch.utils.data import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from data.lmdb_dataset import DROP_REASONS, Batch, CollateBatch, LmdbDataset, open_lmdb, shared_lmdb  # noqa: E402
-from data.transforms import ImageTransform  # noqa: E402
-from models import output_frames  # noqa: E402
-from utils import cli  # noqa: E402
-from utils.checkpoint import check_checkpoint_path, load_model  # noqa: E402
-from utils.config import load_config  # noqa: E402
-from utils.distributed import cleanup_distributed, gather_objects, setup_distributed  # noqa: E402
-from utils.evaluate import build_eval_loader, evaluate  # noqa: E402
-from utils.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize  # noqa: E402
-from utils.precision import resolve_precision  # noqa: E402
-from utils.visualize import caption_grid  # noqa: E402
+from data.lmdb_dataset import DROP_REASONS, Batch, CollateBatch, LmdbDataset, open_lmdb, shared_lmdb
+from data.lmdb_keys import image_key
+from data.loaders import build_eval_loader
+from data.transforms import build_transform
+from evaluation.evaluate import evaluate
+from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
+from evaluation.visualize import caption_grid
+from models import output_frames
+from training.checkpoint import check_checkpoint_path, load_model
+from utils import cli
+from utils.config import load_config
+from utils.distributed import cleanup_distributed, gather_objects, setup_distributed
+from utils.precision import resolve_precision
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
 BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_1015", "IC15_1811", "IC15_2077",
@@ -181,7 +181,7 @@ def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mo
     cells = []
     for negative_confidence, position, index, label, prediction in misreads:
         with shared_lmdb(sets[position]["path"]).begin() as txn:
-            image = Image.open(io.BytesIO(txn.get(b"image-%09d" % index))).convert("RGB")
+            image = Image.open(io.BytesIO(txn.get(image_key(index)))).convert("RGB")
         cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"),
                               (f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}", "dimgray")]))
     grid = caption_grid(cells, empty_note=f"no misreads under {mode}")
@@ -197,7 +197,7 @@ def main() -> None:
     try:
         model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
         precision = resolve_precision(args.precision, env.device)
-        transform = ImageTransform(preprocessing, config.data.eval_width_step)
+        transform = build_transform(config, preprocessing)
         frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large

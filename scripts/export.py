@@ -1,32 +1,33 @@
-"""Export a checkpoint to ONNX or TorchScript with a dynamic batch and width, then check it against PyTorch.
+"""Export a checkpoint to ONNX or a torch.export program with a dynamic batch and width, then check it
+against PyTorch.
 
     python scripts/export.py runs/crnn/best.pt --format onnx                  # -> runs/crnn/best.onnx
-    python scripts/export.py runs/crnn/best.pt --format torchscript           # -> runs/crnn/best.ts.pt
+    python scripts/export.py runs/crnn/best.pt --format pt2                   # -> runs/crnn/best.pt2
     python scripts/export.py runs/crnn/best.pt --format onnx --out crnn.onnx --check datasets/synth/val 'scans/*.png'
 
 The exported model takes `images` [B, C, H, W], float32, as data.transforms.ImageTransform makes them
-from the checkpoint's preprocessing record (H is its height; B and W are free), and returns `logits` [B, T, classes]
-with T = W/4 + 1 frames (26 for W = 100); greedy CTC decoding (data.codec.CTCCodec.decode) turns them
-into text: class 0 is the blank, class i the alphabet's i-th character. The alphabet and the
-preprocessing travel inside the file as JSON (ONNX: metadata_props["crnn"]; TorchScript: the extra
-file "crnn.json").
+from the checkpoint's preprocessing record (H is its height; B and W >= 8 are free), and returns `logits`
+[B, T, classes] with T = W/4 + 1 frames (26 for W = 100); greedy CTC decoding (data.codec.CTCCodec.decode)
+turns them into text: class 0 is the blank, class i the alphabet's i-th character. The alphabet and the
+preprocessing travel inside the file as JSON (ONNX: metadata_props["crnn"]; .pt2: the extra file
+"crnn.json", read by torch.export.load(path, extra_files={"crnn.json": ""})).
 
 The check runs the exported model and the PyTorch model on the same images (`--check`: image files,
 folders, globs or LMDB folders; by default a few images rendered by scripts/make_synthetic.py): all
 of them as one batch at the checkpoint's width and at twice it, and each alone at its own width. It
 prints the largest absolute difference of the logits and whether the decoded texts are identical, and
-exits 1 when a text differs or the difference exceeds --tolerance. ONNX needs `onnx` and, for the
-check, `onnxruntime` (pip install -r requirements-export.txt); without onnxruntime the check is
-skipped with a message.
+exits 1 when a text differs or the difference exceeds --tolerance. ONNX needs `onnx` and `onnxscript`
+and, for the check, `onnxruntime` (pip install -r requirements-export.txt); without onnxruntime the
+check is skipped with a message. The .pt2 format needs only torch.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -34,36 +35,48 @@ from pathlib import Path
 import torch
 from PIL import Image
 from torch import Tensor, nn
+from torch.export import Dim, ExportedProgram
+from torch.export._patches import register_lstm_while_loop_decomposition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from data.codec import CTCCodec  # noqa: E402
-from data.lmdb_dataset import open_lmdb, read_num_samples  # noqa: E402
-from data.transforms import ImageTransform, Preprocessing  # noqa: E402
-from data.synthetic.render import build_plan, render_sample  # noqa: E402
-from scripts.predict import image_paths  # noqa: E402
-from utils import cli  # noqa: E402
-from utils.checkpoint import load_model  # noqa: E402
-from utils.config import load_config  # noqa: E402
+from data.codec import CTCCodec
+from data.image_files import image_paths
+from data.lmdb_dataset import open_lmdb, read_num_samples
+from data.lmdb_keys import image_key
+from data.synthetic.render import build_plan, render_sample
+from data.transforms import ImageTransform, Preprocessing
+from training.checkpoint import load_model
+from utils import cli
+from utils.config import load_config
 
-SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}
-# 17 is read by every current runtime (onnxruntime >= 1.13, TensorRT >= 8.6) and has every op used here.
-ONNX_OPSET = 17
+SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2"}
+# The lowest opset torch.onnx's torch.export-based exporter has implementations for: a lower one is
+# reached only by converting its graph afterwards. onnxruntime reads it from 1.14 on.
+ONNX_OPSET = 18
 RENDERED_IMAGES = 6
-MIN_WIDTH, MAX_WIDTH = 8, 1024  # own-width check inputs are clamped to this (8 px: 3 frames)
+# The exported width axis starts at 8 px (3 frames): at 4 to 7 px the backbone's second pooling leaves a
+# single column, a case torch.export will not trace into the same program (a contiguity check treats a
+# size-1 axis apart). Own-width check inputs are clamped to the same range.
+MIN_WIDTH, MAX_WIDTH = 8, 1024
 Runner = Callable[[Tensor], Tensor]  # images [B, C, H, W] -> logits [B, T, classes], on the CPU
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
-    parser.add_argument("--format", required=True, choices=sorted(SUFFIXES))
-    parser.add_argument("--out", type=Path, help="output file (default: the checkpoint's name with .onnx / .ts.pt)")
+    # Checked below rather than by `choices`, so that the old "torchscript" can be told what replaced it.
+    parser.add_argument("--format", required=True, metavar="{" + ",".join(sorted(SUFFIXES)) + "}")
+    parser.add_argument("--out", type=Path, help="output file (default: the checkpoint's name with .onnx / .pt2)")
     parser.add_argument("--check", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
                         help="images to compare on (default: rendered by scripts/make_synthetic.py)")
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     args = parser.parse_args()
+    if args.format == "torchscript":  # torch deprecated TorchScript
+        raise ValueError("--format torchscript was replaced by --format pt2: a torch.export program, loaded with"
+                         " torch.export.load")
+    if args.format not in SUFFIXES:
+        parser.error(f"argument --format: invalid choice: {args.format!r} (choose from {', '.join(sorted(SUFFIXES))})")
     if args.check_limit < 1:
         parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
     if args.tolerance < 0:
@@ -80,33 +93,34 @@ def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
     return {"crnn": json.dumps(description, ensure_ascii=False)}
 
 
-def export_onnx(model: nn.Module, example: Tensor, out: Path, extra: dict[str, str]) -> None:
+def export(model: nn.Module, example: Tensor, export_format: str, out: Path, extra: dict[str, str]) -> None:
+    """Write `model` to `out` as `export_format`, traced on `example` [B, C, H, W] with B and W left free."""
+    # torch.export keeps nn.LSTM as one aten.lstm op (ONNX: an LSTM node), but works out its output
+    # shape by unrolling it over the example's frames, which would freeze T at 26. torch's while_loop
+    # version of that shape rule keeps T symbolic: private, but what torch.onnx itself turns on for
+    # dynamic shapes. torch.onnx does so only while capturing, not while it decomposes the program
+    # again (there T froze in a Reshape; pytorch/pytorch#193192), so it is held across both steps here.
+    with register_lstm_while_loop_decomposition():
+        program = torch.export.export(model, (example,),
+                                      dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=MIN_WIDTH)},))
+        if export_format == "onnx":
+            export_onnx(program, out, extra)
+        else:
+            torch.export.save(program, out, extra_files={"crnn.json": extra["crnn"]})
+
+
+def export_onnx(program: ExportedProgram, out: Path, extra: dict[str, str]) -> None:
     import onnx  # optional: requirements-export.txt
 
-    buffer = io.BytesIO()
-    # The TorchScript-based exporter (dynamo=False) maps nn.LSTM to ONNX's LSTM op, whose sequence
-    # length is dynamic. With torch 2.14's default torch.export-based one the LSTM kept the example's
-    # 26 frames (a 57-pixel-wide image failed in onnxruntime), and the export took minutes. This
-    # one's warnings (deprecation, tracer, LSTM batch size) are silenced: the check below runs the
-    # file at other batch sizes and widths instead.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example,), buffer, dynamo=False, opset_version=ONNX_OPSET,
-                          input_names=["images"], output_names=["logits"],
-                          dynamic_axes={"images": {0: "batch", 3: "width"}, "logits": {0: "batch", 1: "frames"}})
-    proto = onnx.load_from_string(buffer.getvalue())
+    # The axis names only name the program's free axes in the file; verbose=False keeps torch.onnx's
+    # progress lines out of the report on stdout.
+    onnx_program = torch.onnx.export(program, dynamo=True, opset_version=ONNX_OPSET, input_names=["images"],
+                                     output_names=["logits"], dynamic_shapes=({0: "batch", 3: "width"},),
+                                     verbose=False)
+    proto = onnx_program.model_proto
     onnx.checker.check_model(proto)
     onnx.helper.set_model_props(proto, extra)
     onnx.save(proto, out)
-
-
-def export_torchscript(model: nn.Module, out: Path, extra: dict[str, str]) -> None:
-    # torch.jit.script compiles forward() itself, so every shape stays dynamic and the height check
-    # survives (torch.jit.trace would freeze it). torch.jit is deprecated in favour of torch.export, but
-    # torch.export has no dynamic time axis for nn.LSTM yet (see export_onnx); hence the filter.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.script(model), str(out), _extra_files={"crnn.json": extra["crnn"]})
 
 
 def onnx_runner(path: Path) -> Runner | None:
@@ -121,10 +135,8 @@ def onnx_runner(path: Path) -> Runner | None:
     return lambda images: torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])
 
 
-def torchscript_runner(path: Path) -> Runner:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load is deprecated too
-        return torch.jit.load(str(path), map_location="cpu")
+def pt2_runner(path: Path) -> Runner:
+    return torch.export.load(path).module()
 
 
 def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[list[tuple[str, bytes]], str]:
@@ -140,7 +152,7 @@ def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[
             env = open_lmdb(source)
             with env.begin() as txn:
                 for index in range(1, min(read_num_samples(txn, source), limit - len(images)) + 1):
-                    image_bytes = txn.get(b"image-%09d" % index)
+                    image_bytes = txn.get(image_key(index))
                     if image_bytes is not None:
                         images.append((f"{source}#{index}", image_bytes))
             env.close()
@@ -216,20 +228,16 @@ def main() -> int:
         raise ValueError(f"--out {out} is the checkpoint itself")
     out.parent.mkdir(parents=True, exist_ok=True)
     images, origin = check_images(args.check, codec.alphabet, args.check_limit)  # before exporting: fail early
+    if args.format == "onnx":
+        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ValueError(f"--format onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
 
     start = time.perf_counter()
-    extra = metadata(codec, preprocessing)
-    if args.format == "onnx":
-        try:
-            example = torch.zeros(1, *ImageTransform(preprocessing).output_shape)
-            export_onnx(model, example, out, extra)
-        except ImportError as error:
-            raise ValueError(f"--format onnx needs the onnx package ({error}): pip install -r requirements-export.txt"
-                             ) from None
-        exported = onnx_runner(out)
-    else:
-        export_torchscript(model, out, extra)
-        exported = torchscript_runner(out)
+    # Batch 2: torch.export would specialise a batch axis traced at size 1.
+    example = torch.zeros(2, *ImageTransform(preprocessing).output_shape)
+    export(model, example, args.format, out, metadata(codec, preprocessing))
+    exported = onnx_runner(out) if args.format == "onnx" else pt2_runner(out)
     print(f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
           f" images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
           f" {codec.num_classes}]")

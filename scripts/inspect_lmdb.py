@@ -26,11 +26,11 @@ import lmdb
 from PIL import Image
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
-from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_dataset import highest_index, open_lmdb, read_num_samples  # noqa: E402
-from utils import cli  # noqa: E402
-from utils.visualize import caption_grid  # noqa: E402
+from data.alphabet import load_alphabet
+from data.lmdb_dataset import highest_index, open_lmdb, read_num_samples
+from data.lmdb_keys import image_key, label_key
+from evaluation.visualize import caption_grid
+from utils import cli
 
 EXAMPLES = 5  # indices shown per problem
 HISTOGRAM_ROWS = 16
@@ -102,7 +102,7 @@ def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
 def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, fold_case: bool, decode: bool) -> Report:
     report = Report()
     for index in tqdm(indices, desc="scanning", unit="sample", mininterval=2.0, disable=None):
-        raw_label, image_bytes = txn.get(b"label-%09d" % index), txn.get(b"image-%09d" % index)
+        raw_label, image_bytes = txn.get(label_key(index)), txn.get(image_key(index))
         if raw_label is None:
             report.missing_labels.append(index)
         else:
@@ -177,10 +177,10 @@ def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, fold_ca
     """Each sample's image fitted into a tile, with `#index: label` under it."""
     samples = []
     for index in indices:
-        label = bytes(txn.get(b"label-%09d" % index)).decode("utf-8", errors="replace")
+        label = bytes(txn.get(label_key(index))).decode("utf-8", errors="replace")
         label = label.lower() if fold_case else label
         try:
-            with Image.open(io.BytesIO(bytes(txn.get(b"image-%09d" % index)))) as image:
+            with Image.open(io.BytesIO(bytes(txn.get(image_key(index))))) as image:
                 picture: Image.Image | str = image.convert("RGB")
         except Exception:  # the report above says why
             picture = "undecodable image"

@@ -34,13 +34,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `data` imports from any working directory
-from data.alphabet import load_alphabet  # noqa: E402
-from data.lmdb_writer import check_replaceable, write_lmdb  # noqa: E402
-from utils import cli  # noqa: E402
-from data.synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font  # noqa: E402
-from data.synthetic.render import RenderPlan, build_plan, encode_meta, render_sample  # noqa: E402
-from data.synthetic.text import WORDS_FILE  # noqa: E402
+from data.alphabet import load_alphabet
+from data.lmdb_writer import check_replaceable, write_lmdb
+from data.synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font
+from data.synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
+from data.synthetic.text import WORDS_FILE
+from utils import cli
 
 DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 SPLITS = ("train", "val", "test")

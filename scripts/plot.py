@@ -6,7 +6,8 @@
 Panels: training loss, learning rate and images/s against the step, and each validation set's word
 accuracy and character error rate, plus a summary (last and best values, counted problems). Lines of
 metrics.jsonl that are neither a training record (`step` and `loss`) nor a validation record (`step`,
-`val` and `accuracy`) are ignored, as are lines cut short by a crash. Pillow draws everything.
+`val` and `accuracy`) are ignored, as are lines cut short by a crash. Matplotlib draws the PNG off
+screen (its Agg renderer, through `Figure`, not pyplot), so no display is needed.
 """
 from __future__ import annotations
 
@@ -17,27 +18,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw, ImageFont
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from utils import cli  # noqa: E402
-from utils.jsonl import read_jsonl  # noqa: E402
-from utils.visualize import caption_font  # noqa: E402
+from utils import cli
+from utils.jsonl import read_jsonl
 
-PANEL_WIDTH, PANEL_HEIGHT, MARGIN = 760, 340, 16
-PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 78, 20, 34, 40  # room for tick labels and the title
 COLUMNS, ROWS = 2, 3
+FIGURE_SIZE, DPI = (15.7, 10.8), 100  # inches: a 1570 x 1080 PNG
 # Colour-blind-safe (Okabe-Ito), then a few more for runs with many validation sets.
 COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
           "#8C564B", "#7F7F7F")
-GRID, AXIS, TEXT = "#DDDDDD", "#444444", "#111111"
+GRID, AXIS = "#DDDDDD", "#444444"
 LOG_SCALE_RATIO = 30  # a positive series spanning more than this factor is drawn on a log axis
+DOTS_BELOW = 40  # a series with fewer points gets a dot on each one, a longer one only on its last
 
 
 @dataclass
 class Series:
     name: str
-    points: list[tuple[float, float]]  # (step, value), sorted by step
+    steps: list[float]  # sorted
+    values: list[float]
     color: str = COLORS[0]
 
 
@@ -72,8 +74,9 @@ def is_number(value: Any) -> bool:
 
 
 def series(name: str, records: list[dict[str, Any]], key: str, scale: float = 1.0, color: str = COLORS[0]) -> Series:
-    """The finite values of `key` against the step (NaN and missing values leave a gap)."""
-    return Series(name, [(r["step"], r[key] * scale) for r in records if is_number(r.get(key))], color)
+    """The finite values of `key` against the step (NaN and missing values are skipped)."""
+    kept = [record for record in records if is_number(record.get(key))]
+    return Series(name, [record["step"] for record in kept], [record[key] * scale for record in kept], color)
 
 
 def short_names(roots: list[str]) -> dict[str, str]:
@@ -82,19 +85,6 @@ def short_names(roots: list[str]) -> dict[str, str]:
     if len(set(short.values())) < len(short):
         return {root: root for root in roots}
     return short
-
-
-def nice_step(span: float, count: int) -> float:
-    """A 1, 2 or 5 times a power of ten close to span / count."""
-    raw = span / max(count, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    return next(factor * power for factor in (1, 2, 5, 10) if factor * power >= raw)
-
-
-def linear_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    step = nice_step(high - low, count)
-    first = math.ceil(low / step - 1e-9)
-    return [tick * step for tick in range(first, math.floor(high / step + 1e-9) + 1)]
 
 
 def format_value(value: float) -> str:
@@ -107,79 +97,41 @@ def format_value(value: float) -> str:
     return f"{value:.3g}"
 
 
-class Panel:
-    """One chart: a title, axes with ticks and grid lines, and a line per series."""
-
-    def __init__(self, draw: ImageDraw.ImageDraw, left: int, top: int, fonts: dict[str, ImageFont.ImageFont]) -> None:
-        self.draw, self.fonts = draw, fonts
-        self.box = (left, top, left + PANEL_WIDTH, top + PANEL_HEIGHT)
-        self.plot = (left + PLOT_LEFT, top + PLOT_TOP, left + PANEL_WIDTH - PLOT_RIGHT, top + PANEL_HEIGHT - PLOT_BOTTOM)
-
-    def chart(self, title: str, lines: list[Series], x_range: tuple[float, float],
-              y_range: tuple[float | None, float | None] = (None, None), unit: str = "", legend: str = "") -> None:
-        """`y_range`: fixed ends (None: from the data); `legend`: "" (none), "left" or "right" (top corner)."""
-        left, top, right, bottom = self.plot
-        points = [point for line in lines for point in line.points]
-        if not points:
-            self.draw.text((self.box[0] + 8, self.box[1] + 6), title, fill=TEXT, font=self.fonts["title"])
-            self.draw.text(((left + right) // 2, (top + bottom) // 2), "no data yet", fill=AXIS,
-                           font=self.fonts["label"], anchor="mm")
-            return
-        values = [value for _, value in points]
-        x_low, x_high = x_range
-        if x_high == x_low:
-            x_low, x_high = x_low - 1, x_high + 1
-        log = y_range == (None, None) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
-        if log:
-            y_low, y_high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-            y_ticks = [float(power) for power in range(y_low, y_high + 1)]
-        else:
-            y_low = min(values) if y_range[0] is None else y_range[0]
-            y_high = max(values) if y_range[1] is None else y_range[1]
-            if y_high == y_low:
-                y_low, y_high = y_low - max(abs(y_low) * 0.1, 1e-12), y_high + max(abs(y_high) * 0.1, 1e-12)
-            y_ticks = linear_ticks(y_low, y_high)
-            y_low, y_high = min(y_low, y_ticks[0]), max(y_high, y_ticks[-1])
-
-        def to_pixel(step: float, value: float) -> tuple[float, float]:
-            value = math.log10(value) if log else value
-            return (left + (step - x_low) / (x_high - x_low) * (right - left),
-                    bottom - (value - y_low) / (y_high - y_low) * (bottom - top))
-
-        draw, label_font = self.draw, self.fonts["label"]
-        for tick in y_ticks:
-            y = bottom - (tick - y_low) / (y_high - y_low) * (bottom - top)
-            draw.line([(left, y), (right, y)], fill=GRID)
-            text = format_value(10 ** tick) if log else format_value(tick)
-            draw.text((left - 6, y), text + unit, fill=AXIS, font=label_font, anchor="rm")
-        for tick in linear_ticks(x_low, x_high):
-            x = left + (tick - x_low) / (x_high - x_low) * (right - left)
-            draw.line([(x, top), (x, bottom)], fill=GRID)
-            draw.text((x, bottom + 6), format_value(tick), fill=AXIS, font=label_font, anchor="mt")
-        draw.rectangle((left, top, right, bottom), outline=AXIS)
-        draw.text(((left + right) // 2, bottom + 22), "step", fill=AXIS, font=label_font, anchor="mt")
-        draw.text((self.box[0] + 8, self.box[1] + 6), title + (" (log scale)" if log else ""), fill=TEXT,
-                  font=self.fonts["title"])
-        for line in lines:
-            pixels = [to_pixel(step, value) for step, value in line.points if not log or value > 0]
-            if len(pixels) > 1:
-                draw.line(pixels, fill=line.color, width=2, joint="curve")
-            for x, y in pixels if len(pixels) < 40 else pixels[-1:]:  # dots where there are few points
-                draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=line.color)
-        if legend:  # in the corner the curves leave empty: top left for accuracy, top right for errors
-            width = max(draw.textlength(line.name, font=label_font) for line in lines) + 30
-            x = left + 8 if legend == "left" else right - 8 - width
-            draw.rectangle((x, top + 4, x + width, top + 8 + 18 * len(lines)), fill="white", outline=GRID)
-            for number, line in enumerate(lines):
-                y = top + 8 + 18 * number
-                draw.rectangle((x + 6, y + 3, x + 18, y + 13), fill=line.color)
-                draw.text((x + 24, y), line.name, fill=TEXT, font=label_font)
-
-    def text(self, title: str, lines: list[str]) -> None:
-        self.draw.text((self.box[0] + 8, self.box[1] + 6), title, fill=TEXT, font=self.fonts["title"])
-        for number, line in enumerate(lines):
-            self.draw.text((self.box[0] + 12, self.box[1] + PLOT_TOP + number * 19), line, fill=TEXT,
-                           font=self.fonts["label"])
+def chart(axes: Axes, title: str, lines: list[Series], last_step: float,
+          y_range: tuple[float | None, float | None] = (None, None), percent: bool = False, legend: str = "") -> None:
+    """One panel: a line per series against the step. `y_range`: fixed ends (None: from the data);
+    `percent`: values are percentages; `legend`: a matplotlib corner such as "upper left", or "" for none."""
+    values = [value for line in lines for value in line.values]
+    log = bool(values) and y_range == (None, None) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
+    axes.set_title(title + (" (log scale)" if log else ""), loc="left")
+    if not values:
+        axes.text(0.5, 0.5, "no data yet", ha="center", va="center", color=AXIS, transform=axes.transAxes)
+        axes.set_axis_off()
+        return
+    for line in lines:
+        # Unclipped, or the dot on the last point, on the right edge, would be cut in half; out of the
+        # layout, where an empty series would count as a point at the figure's corner.
+        axes.plot(line.steps, line.values, color=line.color, label=line.name, linewidth=1.5, marker="o",
+                  markersize=4.5, markevery=None if len(line.steps) < DOTS_BELOW else [len(line.steps) - 1],
+                  clip_on=False, in_layout=False)
+    if log:
+        axes.set_yscale("log")
+        # Whole decades: matplotlib's margins alone can leave a single labelled tick on a short log axis.
+        axes.set_ylim(10.0 ** math.floor(math.log10(min(values))), 10.0 ** math.ceil(math.log10(max(values))))
+        axes.yaxis.set_major_formatter(lambda value, _: format_value(value))  # 0.1, 1, 10 rather than 10^-1, 10^0
+    elif percent:
+        axes.yaxis.set_major_formatter(PercentFormatter(xmax=100, symbol=" %"))
+    else:
+        axes.ticklabel_format(axis="y", useOffset=False)  # 0.000994, not 1e-3 + 4e-6 printed apart
+    if y_range != (None, None):
+        axes.set_ylim(*y_range)
+    axes.set_xlim(0, max(last_step, 1))  # the same step axis, from 0, on every panel, so that panels line up
+    axes.set_xlabel("step")
+    axes.xaxis.set_major_formatter(lambda step, _: format_value(step))  # 250k, as in the summary
+    axes.grid(color=GRID)
+    if legend:
+        for label in axes.legend(loc=legend).get_texts():
+            label.set_parse_math(False)  # names are paths: "$" is a character, not a formula
 
 
 def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
@@ -204,29 +156,27 @@ def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
     return lines
 
 
-def draw_curves(records: Records, run: Path) -> Image.Image:
-    image = Image.new("RGB", (COLUMNS * PANEL_WIDTH + (COLUMNS + 1) * MARGIN, ROWS * PANEL_HEIGHT + (ROWS + 1) * MARGIN),
-                      "white")
-    draw = ImageDraw.Draw(image)
-    fonts = {"title": caption_font(size=16), "label": caption_font(size=12)}
-    panels = [Panel(draw, MARGIN + column * (PANEL_WIDTH + MARGIN), MARGIN + row * (PANEL_HEIGHT + MARGIN), fonts)
-              for row in range(ROWS) for column in range(COLUMNS)]
+def draw_curves(records: Records, run: Path) -> Figure:
+    figure = Figure(figsize=FIGURE_SIZE, dpi=DPI, layout="constrained")
+    loss, lr, speed, accuracy, cer, summary_panel = figure.subplots(ROWS, COLUMNS).flat
     names = short_names(list(records.val))
     colors = {root: COLORS[number % len(COLORS)] for number, root in enumerate(records.val)}
-    # One step axis for every panel, from 0, so that panels line up.
     last_step = max(record["step"] for rows in (records.train, *records.val.values()) for record in rows)
-    steps = (0, last_step)
-    panels[0].chart("training loss (CTC)", [series("loss", records.train, "loss")], steps)
-    panels[1].chart("learning rate", [series("lr", records.train, "lr")], steps)
-    panels[2].chart("training images/s", [series("images/s", records.train, "images_per_s")], steps)
-    panels[3].chart("validation word accuracy", [series(names[root], rows, "accuracy", 100, colors[root])
-                                                 for root, rows in records.val.items()],
-                    steps, y_range=(0, 100), unit=" %", legend="left")
-    panels[4].chart("validation character error rate", [series(names[root], rows, "cer", 100, colors[root])
-                                                         for root, rows in records.val.items()],
-                    steps, y_range=(0, None), unit=" %", legend="right")
-    panels[5].text("summary", summary(records, names, run))
-    return image
+    chart(loss, "training loss (CTC)", [series("loss", records.train, "loss")], last_step)
+    chart(lr, "learning rate", [series("lr", records.train, "lr")], last_step)
+    chart(speed, "training images/s", [series("images/s", records.train, "images_per_s")], last_step)
+    # Each legend goes in the corner the curves leave empty: top left for accuracy, top right for errors.
+    chart(accuracy, "validation word accuracy",
+          [series(names[root], rows, "accuracy", 100, colors[root]) for root, rows in records.val.items()],
+          last_step, y_range=(0, 100), percent=True, legend="upper left")
+    chart(cer, "validation character error rate",
+          [series(names[root], rows, "cer", 100, colors[root]) for root, rows in records.val.items()],
+          last_step, y_range=(0, None), percent=True, legend="upper right")
+    summary_panel.set_title("summary", loc="left")
+    summary_panel.set_axis_off()
+    summary_panel.text(0, 1, "\n".join(summary(records, names, run)), va="top", linespacing=1.7,
+                       parse_math=False, transform=summary_panel.transAxes)  # a path, as in the legends
+    return figure
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,8 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     if not records.train and not records.val:
         sys.exit(f"error: {metrics} holds no training or validation record yet")
     out = args.out or args.run / "curves.png"
+    if not out.suffix:  # matplotlib would append .png and write a file other than the one named
+        sys.exit(f"error: --out {out} has no extension to choose the format by, e.g. {out}.png")
     out.parent.mkdir(parents=True, exist_ok=True)
-    draw_curves(records, args.run).save(out)
+    draw_curves(records, args.run).savefig(out)
     print(f"wrote {out}: {len(records.train)} training records, "
           f"{sum(map(len, records.val.values()))} validation records over {len(records.val)} sets")
 

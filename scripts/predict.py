@@ -13,7 +13,6 @@ are still printed, and the exit status is then 1.
 from __future__ import annotations
 
 import argparse
-import glob
 import sys
 from pathlib import Path
 
@@ -21,13 +20,11 @@ import torch
 from PIL import UnidentifiedImageError
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so the project imports from any working directory
-from data.transforms import ImageTransform  # noqa: E402
-from utils import cli  # noqa: E402
-from utils.checkpoint import load_model  # noqa: E402
-from utils.config import Config, load_config  # noqa: E402
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
+from data.image_files import image_paths
+from data.transforms import ImageTransform
+from training.checkpoint import load_model
+from utils import cli
+from utils.config import Config, load_config
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,30 +38,6 @@ def parse_args() -> argparse.Namespace:
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     return args
-
-
-def image_paths(inputs: list[str]) -> list[str]:
-    """The image files `inputs` name, in order: files as given, folders' image files and globs' files sorted.
-
-    Raises FileNotFoundError naming an input that is missing, an empty folder or a glob matching nothing.
-    """
-    paths: list[str] = []
-    for item in inputs:
-        if Path(item).is_dir():
-            found = sorted(str(path) for path in Path(item).iterdir()
-                           if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
-            if not found:
-                raise FileNotFoundError(f"folder {item} holds no image files ({' '.join(IMAGE_SUFFIXES)})")
-        elif Path(item).is_file():
-            found = [item]
-        elif any(char in item for char in "*?["):  # a glob the shell left alone (quoted)
-            found = sorted(path for path in glob.glob(item, recursive=True) if Path(path).is_file())
-            if not found:
-                raise FileNotFoundError(f"no file matches {item}")
-        else:
-            raise FileNotFoundError(f"{item} does not exist")
-        paths += found
-    return list(dict.fromkeys(paths))  # an image named twice (a file inside a folder also given) is read once
 
 
 def resolve_device(name: str) -> torch.device:

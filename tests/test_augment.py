@@ -10,10 +10,10 @@ import torch
 from data.augment import PROBABILITIES, Augmentation
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
-from data.sampler import GlobalBatchSampler
+from data.samplers import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
-from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
+from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from utils.config import ConfigError, load_config, validate
 
 
@@ -31,6 +31,7 @@ def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
             validate(load_config("crnn.yaml", [override]))
 
 
+@pytest.mark.slow
 def test_a_sample_s_augmentation_depends_on_its_seed_alone(synth):
     image_bytes = read_lmdb(synth / "train")[0][0]
     plain = ImageTransform(Preprocessing(32, 100))
@@ -79,6 +80,7 @@ def strongly_augmented(tiny_run, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:5]
     paths = write_images(synth, tmp_path, 5)

@@ -131,6 +131,7 @@ def test_each_bad_image_in_an_lmdb_is_dropped_or_decoded_correctly(odd_images_lm
     assert batch.num_dropped == len(UNDECODABLE) and batch.images.shape == (len(UNUSUAL), channels, 32, 100)
 
 
+@pytest.mark.slow
 def test_a_training_run_over_every_kind_of_bad_input_reports_it_and_finishes(synth, tmp_path):
     """24 good samples, every bad image above, three bad labels, a missing image key and num-samples 3 too large."""
     good = read_lmdb(synth / "train")[:24]

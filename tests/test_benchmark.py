@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import REPO, run_env
 
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_benchmark_writes_its_json(synth, tmp_path, processes):

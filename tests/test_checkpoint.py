@@ -7,11 +7,17 @@ import pytest
 import torch
 
 from models import build_model
-from utils.checkpoint import load_checkpoint, load_initial_weights, load_model, save_checkpoint, strip_wrapper_prefixes
+from training.checkpoint import (
+    load_checkpoint,
+    load_initial_weights,
+    load_model,
+    save_checkpoint,
+    strip_wrapper_prefixes,
+)
 from utils.config import load_config, to_dict
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-CHANNELS = tuple(load_config("crnn.yaml", []).model.channels)  # the widths small_config's checkpoints record
+CHANNELS = tuple(load_config("crnn.yaml", []).model.settings["channels"])  # the widths small_config's checkpoints record
 
 
 def small_config(alphabet: str = ALPHABET):

@@ -19,6 +19,8 @@ import torch
 
 from tests.conftest import REPO, run_env
 
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+
 MAX_STEPS = 16
 RECIPE = [f"train.max_steps={MAX_STEPS}", "train.batch_size=8", "train.save_every=4", "train.log_every=1",
           "train.eval_every=8", "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2",
@@ -188,7 +190,7 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     torch.manual_seed(0)  # train.seed: the initial weights
     from models import build_model
     from utils.config import load_config
-    start = build_model("crnn", 37, 1, 32, channels=tuple(load_config("crnn.yaml", []).model.channels)).state_dict()
+    start = build_model("crnn", 37, 1, 32, channels=tuple(load_config("crnn.yaml", []).model.settings["channels"])).state_dict()
     one = weights(runs["one"] / "last.pt")
     apart = {name: distance_over_travel(one, weights(runs[name] / "last.pt"), start) for name in ("two_sync", "two_local")}
     print(f"first-step loss gap to one process: {first_gap}; weights apart / travelled after 6 steps: {apart}")

@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 
+from data.samplers import ShardSampler
 from tests.conftest import REPO, run_env
-from utils.distributed import ShardSampler, pick_device, threads_per_process
+from utils.distributed import pick_device, threads_per_process
 
 
 @pytest.mark.parametrize("length, world_size", [(33, 2), (10, 3), (2, 4), (0, 2)])
@@ -32,6 +33,7 @@ def test_threads_split_the_cores_between_local_processes(monkeypatch):
     assert threads_per_process(0, 1) == 1
 
 
+@pytest.mark.slow
 def test_global_batch_must_divide_by_the_world_size(synth):
     """Fails on every rank before any process group exists (WORLD_SIZE as torchrun would set it)."""
     env = {**run_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}

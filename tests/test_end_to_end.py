@@ -14,9 +14,10 @@ import torch
 from PIL import Image
 
 from data.lmdb_writer import write_lmdb
+from tests.conftest import REPO, run_env
 from utils.precision import resolve_precision
 
-from tests.conftest import REPO, run_env
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=1",
                    "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32",
@@ -100,7 +101,7 @@ checkpoint = torch.load({str(ddp_run / 'best.pt')!r}, map_location='cpu', weight
 model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256, channels=checkpoint['config']['model']['channels'])
 model.load_state_dict(checkpoint['model'], strict=True)
 print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
-from utils.checkpoint import load_model
+from training.checkpoint import load_model
 model, codec, config, preprocessing = load_model({str(ddp_run / 'best.pt')!r}, 'cpu')
 print(codec.alphabet)
 """

@@ -23,11 +23,11 @@ from data.lmdb_dataset import open_lmdb, scan_labels
 from data.lmdb_writer import write_lmdb
 from tests.conftest import ALPHABET, REPO, run_env
 from tests.test_lmdb_dataset import edit_lmdb, png
-from utils.checkpoint import save_checkpoint
+from training.checkpoint import save_checkpoint
+from training.run_folder import check_run_folder, checkpoint_path, prepare_run_folder
+from training.run_log import RunLog
 from utils.cli import describe
 from utils.config import ConfigError, load_config, validate
-from utils.run_folder import check_run_folder, checkpoint_path, prepare_run_folder
-from utils.run_log import RunLog
 
 TINY = ["train.batch_size=8", "train.log_every=1", "train.eval_every=2", "train.save_every=2", "data.num_workers=0",
         "model.hidden_size=32", "train.precision=fp32", "train.tensorboard=false"]
@@ -72,6 +72,7 @@ def test_a_num_samples_of_a_trillion_is_scanned_in_a_moment(absurd_count_lmdb):
     assert "num-samples is 1000000000000 but only 3 samples exist" in report.summary()
 
 
+@pytest.mark.slow
 def test_inspect_lmdb_on_a_num_samples_of_a_trillion_finishes(absurd_count_lmdb):
     result = subprocess.run([sys.executable, "scripts/inspect_lmdb.py", str(absurd_count_lmdb)], cwd=REPO,
                             env=run_env(), capture_output=True, text=True, timeout=120)
@@ -80,6 +81,7 @@ def test_inspect_lmdb_on_a_num_samples_of_a_trillion_finishes(absurd_count_lmdb)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_a_signal_during_start_up_ends_the_process_at_once(tmp_path, signum):
     # 400,000 labels: a start-up scan of seconds, so the signal lands in it.
     big = tmp_path / "big"
@@ -106,6 +108,7 @@ def test_a_signal_during_start_up_ends_the_process_at_once(tmp_path, signum):
 
 # --- the run folder --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(synth, tmp_path):
     out_dir = tmp_path / "run"
     one_line_error(train(synth, out_dir, f"data.train=[{synth / 'trian'}]"), f"LMDB folder {synth / 'trian'} does not exist")
@@ -136,6 +139,7 @@ def test_a_torn_config_beside_checkpoints_is_named_not_parsed(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["file", "unwritable"])
+@pytest.mark.slow
 def test_an_out_dir_that_cannot_hold_a_run_is_named_at_start_up(synth, tmp_path, case):
     if case == "file":
         out_dir = tmp_path / "notes.txt"
@@ -176,6 +180,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint_and_no_tempo
 
 # --- crash leftovers -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_torn_last_line_of_metrics_does_not_stop_the_resume(synth, tmp_path):
     out_dir = tmp_path / "run"
     assert train(synth, out_dir, "train.max_steps=2").returncode == 0
@@ -224,6 +229,7 @@ def test_every_number_is_checked_against_its_range(override, message):
     (16, 128, "CRNN reads images 32 pixels high and at least 4 wide, got 16 x 128"),
     (32, 1, "CRNN reads images 32 pixels high and at least 4 wide, got 32 x 1"),
 ])
+@pytest.mark.slow
 def test_a_size_the_model_cannot_read_names_both_keys(synth, tmp_path, height, width, message):
     one_line_error(train(synth, tmp_path / "run", f"data.img_height={height}", f"data.img_width={width}"),
                    f"data.img_height={height}, data.img_width={width}: {message}")
@@ -272,6 +278,7 @@ def test_a_data_mdb_that_is_not_an_lmdb_or_cannot_be_read_is_named(tmp_path, mon
         open_lmdb(folder)
 
 
+@pytest.mark.slow
 def test_training_on_a_folder_that_is_not_an_lmdb_is_one_line(synth, tmp_path):
     folder = tmp_path / "garbage"
     folder.mkdir()
@@ -279,6 +286,7 @@ def test_training_on_a_folder_that_is_not_an_lmdb_is_one_line(synth, tmp_path):
     one_line_error(train(synth, tmp_path / "run", f"data.train=[{folder}]"), f"{folder / 'data.mdb'} is not a readable LMDB")
 
 
+@pytest.mark.slow
 def test_eval_sh_given_a_run_folder_names_the_checkpoint_inside(synth, tiny_run):
     result = subprocess.run(["bash", "scripts/eval.sh", str(tiny_run), str(synth / "val")], cwd=REPO, env=run_env(),
                             capture_output=True, text=True, timeout=120)
@@ -287,13 +295,14 @@ def test_eval_sh_given_a_run_folder_names_the_checkpoint_inside(synth, tiny_run)
 
 @pytest.mark.parametrize("command", [
     ["scripts/predict.py", "{run}", "{tmp}/gt.txt"],
-    ["scripts/export.py", "{run}", "--format", "torchscript"],
+    ["scripts/export.py", "{run}", "--format", "pt2"],
     ["scripts/inspect_lmdb.py", "{tmp}/missing"],
     ["scripts/plot.py", "{tmp}/missing"],
     ["scripts/create_lmdb.py", "--images", "{tmp}", "--gt", "{tmp}/gt.txt", "--out", "{tmp}"],
     ["scripts/make_synthetic.py", "--out", "{tmp}/notes.txt", "--train", "2", "--val", "0", "--test", "0"],
     ["train.py", "--config", "{tmp}/twice.yaml"],
 ])
+@pytest.mark.slow
 def test_every_entry_point_reports_bad_input_in_one_line(synth, tiny_run, tmp_path, command):
     (tmp_path / "gt.txt").write_text("a.png\tabc\n")
     (tmp_path / "notes.txt").mkdir()

@@ -16,11 +16,10 @@ from PIL import Image
 
 from data.lmdb_writer import write_lmdb
 from data.transforms import ImageTransform
-from utils.visualize import COLUMNS, IMAGE_BOX, LINE_HEIGHT, PAD
+from evaluation.metrics import compared_form, new_counts, summarize, update_counts
+from evaluation.visualize import COLUMNS, IMAGE_BOX, LINE_HEIGHT, PAD
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
-from utils.checkpoint import load_model
-from utils.metrics import compared_form, new_counts, summarize, update_counts
-
+from training.checkpoint import load_model
 
 # Metric modes on hand-made examples ---------------------------------------------------------------
 
@@ -126,6 +125,7 @@ def results(checkpoint, benchmarks, tmp_path_factory) -> dict[int, dict]:
     return results
 
 
+@pytest.mark.slow
 def test_benchmarks_get_their_names_and_order_and_counts(results):
     lines = results[1]["stdout"].splitlines()
     assert lines[0].startswith("metric mode ignore_case_symbols:") and "case-insensitive alphanumeric" in lines[0]
@@ -141,6 +141,7 @@ def test_benchmarks_get_their_names_and_order_and_counts(results):
     assert sets["SVT"]["in_lmdb"] == 19 and results[1]["json"]["metric_mode"] == "ignore_case_symbols"
 
 
+@pytest.mark.slow
 def test_dump_has_every_sample_once_and_agrees_with_the_metrics(results):
     rows = results[1]["rows"]
     assert list(rows[0]) == ["set", "index", "label", "prediction", "confidence", "correct"]
@@ -184,6 +185,7 @@ def test_errors_grid_holds_the_most_confident_misreads(results):
     assert results[1]["png"].read_bytes() == results[2]["png"].read_bytes()
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_clear_errors_naming_the_file_or_option(checkpoint, benchmarks, tmp_path):
     lmdb, missing = benchmarks / "mine", tmp_path / "missing"
     cases = [

@@ -1,4 +1,5 @@
-"""scripts/export.py: ONNX and TorchScript with a dynamic batch and width, checked against PyTorch."""
+"""scripts/export.py: ONNX and a torch.export program (.pt2) with a dynamic batch and width, checked against
+PyTorch."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,8 @@ import pytest
 import torch
 
 from data.transforms import ImageTransform, Preprocessing
-from utils.checkpoint import load_model
-
 from tests.conftest import REPO, read_lmdb, run_env, write_images
+from training.checkpoint import load_model
 from utils.config import load_config
 
 WIDTH = load_config("crnn.yaml", []).data.img_width
@@ -51,6 +51,7 @@ def assert_passing_report(stdout: str, images: int, runs: int, sizes: str) -> No
     assert lines[-2:] == [f"decoded texts identical: {texts} of {texts}", "check passed"]
 
 
+@pytest.mark.slow
 def test_onnx_export_checks_itself_on_rendered_images_and_runs_under_onnxruntime(checkpoint, synth):
     onnxruntime = pytest.importorskip("onnxruntime")
     result = export(str(checkpoint), "--format", "onnx")
@@ -72,22 +73,23 @@ def test_onnx_export_checks_itself_on_rendered_images_and_runs_under_onnxruntime
                                           "padding": "replicate"}
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
-def test_torchscript_export_checks_itself_on_a_folder_and_an_lmdb(checkpoint, synth, tmp_path):
+@pytest.mark.slow
+def test_pt2_export_checks_itself_on_a_folder_and_an_lmdb(checkpoint, synth, tmp_path):
     write_images(synth, tmp_path / "images", 2)
-    out = tmp_path / "exported" / "crnn.ts.pt"
-    result = export(str(checkpoint), "--format", "torchscript", "--out", str(out),
+    out = tmp_path / "exported" / "crnn.pt2"
+    result = export(str(checkpoint), "--format", "pt2", "--out", str(out),
                     "--check", str(tmp_path / "images"), str(synth / "val"), "--check-limit", "4")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"checking against PyTorch on images from {tmp_path / 'images'}, {synth / 'val'}" in result.stdout
     assert_passing_report(result.stdout, images=4, runs=6, sizes="1, 4")
 
     extra = {"crnn.json": ""}
-    module = torch.jit.load(str(out), map_location="cpu", _extra_files=extra)
-    assert_matches_pytorch(module, checkpoint, synth)
+    program = torch.export.load(out, extra_files=extra)
+    assert_matches_pytorch(program.module(), checkpoint, synth)
     assert json.loads(extra["crnn.json"])["alphabet"] == "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
+@pytest.mark.slow
 def test_without_onnxruntime_the_onnx_check_is_skipped_with_a_message(checkpoint, tmp_path, monkeypatch, capsys):
     from scripts.export import main
 

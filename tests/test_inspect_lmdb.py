@@ -13,6 +13,8 @@ from PIL import Image
 
 from tests.conftest import run_env
 
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "inspect_lmdb.py"
 
 

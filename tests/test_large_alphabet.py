@@ -71,6 +71,7 @@ def test_generator_reports_characters_no_font_has(tmp_path):
         assert set(labels) & set("中文")
 
 
+@pytest.mark.slow
 def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
     data = tmp_path / "data"
     generated = subprocess.run([sys.executable, str(SCRIPT), "--out", str(data), "--train", "48", "--val", "16",

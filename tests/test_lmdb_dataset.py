@@ -76,6 +76,7 @@ def test_undecodable_images_are_dropped_from_the_batch_and_counted(messy_lmdb):
     assert empty.images.shape == (0, 1, 32, 100) and empty.num_dropped == 2 and empty.labels == []
 
 
+@pytest.mark.slow
 def test_reading_with_two_spawned_workers(messy_lmdb):
     dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
     loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn",

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from utils.metrics import lcs_length, new_counts, summarize, update_counts
+from evaluation.metrics import lcs_length, new_counts, summarize, update_counts
 
 
 def test_metrics_on_hand_computed_examples():

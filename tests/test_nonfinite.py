@@ -5,18 +5,20 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from data.codec import CTCCodec
 from data.lmdb_dataset import Batch, LmdbDataset
+from data.loaders import build_eval_loader
 from data.transforms import ImageTransform, Preprocessing
+from evaluation.evaluate import evaluate
 from models import build_model
 from tests.conftest import ALPHABET, run_on_two_processes
 from train import train_step
-from utils.checkpoint import save_checkpoint
+from training.checkpoint import save_checkpoint
 from utils.distributed import DistEnv
-from utils.evaluate import build_eval_loader, evaluate
 
 
 def make_batch(poisoned: bool) -> Batch:
@@ -78,6 +80,7 @@ def one_rank_poisoned(rank: int, val: str, checkpoint: str) -> dict:
     return {"ranks": gathered, "loss_fixed": counts["loss_fixed"], "samples": counts["samples"]}
 
 
+@pytest.mark.slow
 def test_a_nan_on_one_rank_makes_every_rank_skip_the_step_and_keep_its_buffers(tmp_path, synth):
     checkpoint = tmp_path / "after.pt"
     result = run_on_two_processes(one_rank_poisoned, tmp_path, str(synth / "val"), str(checkpoint))
@@ -87,6 +90,7 @@ def test_a_nan_on_one_rank_makes_every_rank_skip_the_step_and_keep_its_buffers(t
     assert all(torch.isfinite(value).all() for value in saved.values() if value.is_floating_point())
 
 
+@pytest.mark.slow
 def test_too_many_skipped_steps_in_a_row_stop_the_run_with_a_message(synth, tmp_path):
     """A learning rate of 1e30 blows the weights up after the first step; every later step is NaN."""
     import subprocess

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot.py"
 BLUE, VERMILLION = (0x00, 0x72, 0xB2), (0xD5, 0x5E, 0x00)  # the first two series colours

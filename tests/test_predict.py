@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from data.transforms import ImageTransform
-from utils.checkpoint import load_model
-
 from tests.conftest import REPO, run_env, write_images
+from training.checkpoint import load_model
 
 
 def predict(*args: str) -> subprocess.CompletedProcess:
@@ -38,6 +37,7 @@ def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
     return [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
 
 
+@pytest.mark.slow
 def test_folder_glob_and_files_print_one_line_per_image_with_the_models_text(checkpoint, synth, tmp_path):
     folder = write_images(synth, tmp_path / "folder", 4)
     (tmp_path / "folder" / "notes.txt").write_text("not an image")  # a folder means its image files
@@ -55,6 +55,7 @@ def test_folder_glob_and_files_print_one_line_per_image_with_the_models_text(che
         assert text == expected_text and float(confidence) == pytest.approx(expected_confidence, abs=1.5e-4)
 
 
+@pytest.mark.slow
 def test_an_undecodable_image_is_named_on_stderr_skipped_and_makes_the_exit_status_1(checkpoint, synth, tmp_path):
     good = write_images(synth, tmp_path, 3)
     (tmp_path / "truncated.jpg").write_bytes(good[0].read_bytes()[:40])
@@ -67,6 +68,7 @@ def test_an_undecodable_image_is_named_on_stderr_skipped_and_makes_the_exit_stat
     assert "2 of 5 images could not be decoded and were skipped" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_is_a_clear_error_naming_it(synth, tmp_path):
     image = write_images(synth, tmp_path, 1)[0]
     result = predict(str(tmp_path / "nope.pt"), str(image))
@@ -75,7 +77,7 @@ def test_a_missing_checkpoint_is_a_clear_error_naming_it(synth, tmp_path):
 
 
 def test_inputs_resolve_to_sorted_unique_image_files_and_missing_ones_are_named(tmp_path):
-    from scripts.predict import image_paths
+    from data.image_files import image_paths
 
     for name in ("b.png", "a.JPG", "c.txt", "sub/d.png"):
         (tmp_path / name).parent.mkdir(exist_ok=True)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.transforms import LEGACY, ImageTransform, Preprocessing, PreprocessingError
-from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
-from utils.config import load_config
+from data.transforms import ImageTransform, Preprocessing, PreprocessingError
 from tests.conftest import REPO, read_lmdb, run_env, write_images
+from training.checkpoint import LEGACY, load_checkpoint, load_model, read_preprocessing, save_checkpoint
+from utils.config import load_config
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
 RECORD = {"height": 32, "width": 100, "color": "L", "keep_aspect": False, "interpolation": "nearest",
@@ -34,6 +34,7 @@ def recorded(tiny_run, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
     out_dir = tmp_path / "run"
     subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
@@ -53,6 +54,7 @@ def test_load_model_returns_the_checkpoint_record_not_the_config(recorded):
     assert preprocessing.to_dict() == RECORD
 
 
+@pytest.mark.slow
 def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path):
     samples = read_lmdb(synth / "val")[:6]
     paths = write_images(synth, tmp_path, 6)
@@ -83,7 +85,7 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
 
 def test_a_checkpoint_from_before_the_record_gets_the_constants_of_its_time():
     config = {"data": {"img_height": 32, "img_width": 128, "keep_aspect": True}, "model": {"in_channels": 3}}
-    preprocessing = Preprocessing.from_checkpoint({"config": config}, "old.pt")
+    preprocessing = read_preprocessing({"config": config}, "old.pt")
     assert preprocessing.to_dict() == {"height": 32, "width": 128, "color": "RGB", "keep_aspect": True, **LEGACY}
 
 

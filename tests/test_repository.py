@@ -1,6 +1,8 @@
 """The repository's promises to a newcomer: CI runs exactly the README's test command."""
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -22,6 +24,7 @@ def test_readme_train_command_uses_the_default_config_and_eval_sh():
     assert (REPO / "configs" / "crnn.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_readme_train_command_writes_the_held_out_test_split_and_evaluates_on_it(tiny_run, tmp_path):
     """The README's generator and eval.sh steps, run as written (the generator with fewer samples, eval.sh
     on a small checkpoint placed where the training step would leave best.pt)."""

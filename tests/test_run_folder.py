@@ -5,10 +5,17 @@ import pytest
 import torch
 import yaml
 
-from utils.checkpoint import save_checkpoint
+from training.checkpoint import save_checkpoint
+from training.run_folder import (
+    check_run_folder,
+    checkpoint_path,
+    clear_run_folder,
+    find_latest_checkpoint,
+    numbered_checkpoints,
+    point_last_at,
+    prune_checkpoints,
+)
 from utils.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
-from utils.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
-                              numbered_checkpoints, point_last_at, prune_checkpoints)
 
 
 def training_checkpoint(step: int) -> dict:

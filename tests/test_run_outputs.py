@@ -6,10 +6,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from evaluation.visualize import IMAGE_BOX, PAD
 from tests.conftest import REPO, run_env
-from utils.visualize import IMAGE_BOX, PAD
+
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 
 def test_mixed_datasets_and_tensorboard(synth, tmp_path):

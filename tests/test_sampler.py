@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from data.sampler import GlobalBatchSampler
+from data.samplers import GlobalBatchSampler
 
 
 def global_pairs(world_size: int, start: int = 0, end: int = 12, sizes: tuple[int, ...] = (50,), batch: int = 8,

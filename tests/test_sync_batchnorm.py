@@ -5,12 +5,15 @@ that rounds the other way changes a gradient, and that noise would hide a real e
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from models import build_model
 from tests.conftest import run_on_two_processes
 from utils.sync_batchnorm import convert_sync_batchnorm
+
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 GLOBAL_BATCH = 8
 

@@ -69,6 +69,7 @@ def seed0(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_writes_decodable_32px_images_with_alphabet_labels(seed0):
     for split, expected in (("train", 40), ("val", 10), ("test", 10)):
         samples = read_lmdb(seed0 / split)
@@ -87,6 +88,7 @@ def test_val_and_test_are_not_copies_of_train(seed0):
         assert all(train_image != image for (train_image, _), (image, _) in zip(train, read_lmdb(seed0 / split)))
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_whatever_the_workers(seed0, tmp_path):
     generate(tmp_path / "synth", "--train", "40", "--val", "10", "--test", "10", "--seed", "0", "--alphabet", ALPHABET,
              workers=1)
@@ -95,6 +97,7 @@ def test_same_seed_same_bytes_whatever_the_workers(seed0, tmp_path):
         assert metas(tmp_path / "synth" / split) == metas(seed0 / split)
 
 
+@pytest.mark.slow
 def test_other_seed_other_samples(seed0, tmp_path):
     generate(tmp_path / "synth", "--train", "40", "--val", "0", "--test", "0", "--seed", "1")
     other, same = read_lmdb(tmp_path / "synth" / "train"), read_lmdb(seed0 / "train")
@@ -102,6 +105,7 @@ def test_other_seed_other_samples(seed0, tmp_path):
     assert not (tmp_path / "synth" / "val").exists()  # --val 0: no split written
 
 
+@pytest.mark.slow
 def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
     labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
@@ -113,6 +117,7 @@ def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     assert len(labels) - in_list - numbers > 0.1 * len(labels)  # codes, ordinals, random strings
 
 
+@pytest.mark.slow
 def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, tmp_path):
     """The alphabet "a" folds case, so "A" is drawn half the time, labelled "a". In the pixels: a
     capital puts ink in the top quarter of the image (the crop spans cap height), a small "a" does not."""
@@ -135,6 +140,7 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
     assert (small < 0.03).mean() > 0.8 and (capital >= 0.03).mean() > 0.7
 
 
+@pytest.mark.slow
 def test_held_out_fonts_and_backgrounds_appear_in_test_only(dejavu, tmp_path):
     result = generate(tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", "--no-system-fonts",
                       "--fonts", str(dejavu))
@@ -149,6 +155,7 @@ def test_held_out_fonts_and_backgrounds_appear_in_test_only(dejavu, tmp_path):
     assert {record["background"] for record in records} == {"paper", "grid", "dots"}
 
 
+@pytest.mark.slow
 def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dejavu, tmp_path):
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -165,6 +172,7 @@ def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dej
     assert {record["photo"] for record in test if record["background"] == "photo"} == {"photo-4.png"}
 
 
+@pytest.mark.slow
 def test_font_packages_are_found_through_their_entry_point(dejavu, tmp_path):
     """A package like PyPI's fontpkg-* ones: a module with metadata.json and font files, registered
     under the `fontpkg.family` entry point."""
@@ -185,6 +193,7 @@ def test_font_packages_are_found_through_their_entry_point(dejavu, tmp_path):
     assert "Fake Sans" in result.stdout
 
 
+@pytest.mark.slow
 def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
     # Two words hold characters outside the default alphabet; blank lines are not words; ends are stripped.
     words = tmp_path / "words.txt"
@@ -209,6 +218,7 @@ def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
     (["--backgrounds", "{tmp}/empty"], "--backgrounds: background folder"),
     (["--no-system-fonts"], "--no-system-fonts needs --fonts DIR"),
 ])
+@pytest.mark.slow
 def test_bad_options_are_named_and_write_nothing(tmp_path, options, message):
     (tmp_path / "empty").mkdir()
     (tmp_path / "unusable.txt").write_text("ÄÖÜ\n#\n", encoding="utf-8")

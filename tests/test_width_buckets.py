@@ -13,11 +13,12 @@ import torch
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
+from data.loaders import build_eval_loader
+from data.samplers import width_batches
 from data.transforms import ImageTransform, Preprocessing, image_size
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
-from utils.checkpoint import load_checkpoint, load_model, save_checkpoint
+from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from utils.distributed import DistEnv
-from utils.evaluate import build_eval_loader, width_batches
 
 
 def test_width_batches_hold_one_width_and_every_position_once():
@@ -69,6 +70,7 @@ def keep_aspect_checkpoint(tiny_run, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(keep_aspect_checkpoint, synth,
                                                                                tmp_path):
     dumps, tables = [], []

@@ -2,7 +2,9 @@
 
     python train.py --config crnn.yaml optim.lr=3e-4 data.train=[datasets/a,datasets/b]
 
-Unknown keys and values of the wrong type are errors that name the full key.
+Unknown keys and values of the wrong type are errors that name the full key. Plain dataclasses rather
+than Hydra or OmegaConf: the whole schema reads in one file, needs no dependency, and its checks
+(types, ranges, repeated YAML keys) give errors in this project's words.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import yaml
 
 from data.augment import LEVELS
 from data.transforms import INTERPOLATIONS
+from models import check_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
 RESUMABLE = "may_change_on_resume"
+OTHER_KEYS = "takes_the_section's_other_keys"
 
 
 def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -61,15 +65,17 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = "crnn"  # a key of models.ARCHITECTURES
+    arch: str = "crnn"  # an architecture registered in models/ (models.register_model)
     in_channels: int = 1  # 1: grayscale, 3: RGB
     hidden_size: int = 256
-    # The VGG backbone's seven convolution widths (models/crnn.py); the default is the paper's.
-    channels: list[int] = field(default_factory=lambda: [64, 128, 256, 256, 512, 512, 512])
     # BatchNorm statistics over the global batch instead of each process's slice: a run on N
     # processes then computes what one process would with the same global batch. Costs two small
     # all-reduces per BatchNorm layer; worth it when the per-process batch is small.
     sync_bn: bool = False
+    # Every other key of the section is the architecture's own setting, passed to its constructor by
+    # name: e.g. the CRNN's `channels`, its backbone's seven convolution widths (default: the paper's).
+    # models.check_model_config refuses a name the constructor does not take.
+    settings: dict[str, Any] = field(default_factory=dict, metadata={OTHER_KEYS: True})
 
 
 @dataclass
@@ -196,10 +202,23 @@ def load_config(path: str | None, overrides: list[str]) -> Config:
     return config
 
 
+def schema_fields(node: Any) -> dict[str, dataclasses.Field]:
+    """A section's keys with a type of their own (not the field that takes the other keys)."""
+    return {f.name: f for f in dataclasses.fields(node) if not f.metadata.get(OTHER_KEYS)}
+
+
+def other_keys(node: Any) -> dict[str, Any] | None:
+    """Where a section keeps keys outside its schema (ModelConfig.settings); None: it refuses them."""
+    return next((getattr(node, f.name) for f in dataclasses.fields(node) if f.metadata.get(OTHER_KEYS)), None)
+
+
 def apply_values(node: Any, values: dict, prefix: str, source: str) -> None:
     for key, value in values.items():
         full_key = f"{prefix}{key}"
-        names = {f.name: f for f in dataclasses.fields(node)}
+        names = schema_fields(node)
+        if key not in names and other_keys(node) is not None:
+            other_keys(node)[key] = value
+            continue
         if key not in names:
             raise ConfigError(f"{source}: unknown key {full_key!r}; known keys here: {', '.join(names)}")
         current = getattr(node, key)
@@ -218,7 +237,10 @@ def set_value(config: Config, dotted_key: str, text: str, source: str) -> None:
         if not dataclasses.is_dataclass(node) or not hasattr(node, name):
             raise ConfigError(f"{source}: unknown key {'.'.join(path[: depth + 1])!r}")
         node = getattr(node, name)
-    if not dataclasses.is_dataclass(node) or last not in {f.name for f in dataclasses.fields(node)}:
+    if dataclasses.is_dataclass(node) and last not in schema_fields(node) and other_keys(node) is not None:
+        other_keys(node)[last] = parse_yaml_value(text, dotted_key, source)
+        return
+    if not dataclasses.is_dataclass(node) or last not in schema_fields(node):
         raise ConfigError(f"{source}: unknown key {dotted_key!r}")
     if dataclasses.is_dataclass(getattr(node, last)):
         raise ConfigError(f"{source}: {dotted_key!r} is a section; set its keys one by one")
@@ -311,7 +333,6 @@ def validate(config: Config) -> None:
         "optim.min_lr_ratio": (config.optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
         "optim.grad_clip": (config.optim.grad_clip, 0, math.inf),
     }
-    ranges.update({f"model.channels[{i}]": (width, 1, math.inf) for i, width in enumerate(config.model.channels)})
     ranges.update({f"data.mean[{i}]": (value, -1e3, 1e3) for i, value in enumerate(config.data.mean)})
     ranges.update({f"data.std[{i}]": (value, 1e-6, 1e3) for i, value in enumerate(config.data.std)})
     ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
@@ -335,13 +356,17 @@ def validate(config: Config) -> None:
     if config.train.resume not in ("auto", "none") and config.train.init_from:
         raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
                           " init_from starts one; keep one of them")
+    try:
+        check_model_config(config.model)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def leaf_fields(node: Any = None, prefix: str = "") -> dict[str, dataclasses.Field]:
     """Every key of the config that holds a value (`train.max_steps`, ...), with its field."""
     node = Config() if node is None else node
     leaves = {}
-    for item in dataclasses.fields(node):
+    for item in schema_fields(node).values():
         value = getattr(node, item.name)
         if dataclasses.is_dataclass(value):
             leaves.update(leaf_fields(value, prefix=f"{prefix}{item.name}."))
@@ -356,7 +381,10 @@ def resumable_keys() -> set[str]:
 
 
 def to_dict(config: Config) -> dict:
-    return dataclasses.asdict(config)
+    """Plain values, as in a YAML file: a section's other keys sit beside its own."""
+    values = dataclasses.asdict(config)
+    values["model"].update(values["model"].pop("settings"))
+    return values
 
 
 def from_dict(values: dict) -> Config:

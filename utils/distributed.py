@@ -6,7 +6,6 @@ process and no process group is created.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.constants import default_pg_timeout
-from torch.utils.data import Sampler
 
 
 @dataclass(frozen=True)
@@ -160,19 +158,3 @@ def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
-
-class ShardSampler(Sampler[int]):
-    """Indices rank, rank + world, ... : every sample in exactly one shard, none padded or repeated.
-
-    DistributedSampler pads the last shard with repeats so all ranks get equal counts; that is fine
-    for training and wrong for evaluation, where each sample must count once.
-    """
-
-    def __init__(self, length: int, rank: int, world_size: int) -> None:
-        self.length, self.rank, self.world_size = length, rank, world_size
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.length, self.world_size))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.length, self.world_size))

@@ -74,15 +74,21 @@ class StopSignal:
 def ignore_stop_signals(worker_id: int) -> None:
     """`worker_init_fn` for data-loader workers. Ctrl-C reaches the whole process group and SLURM
     signals every process of a job step; a worker killed by it would crash the main process before
-    it could checkpoint. The main process stops its workers (see `_kill_workers_at_exit`)."""
+    it could checkpoint. The main process kills its workers when it exits (`kill_workers_at_exit`)."""
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
-@atexit.register  # after multiprocessing's own handler, so it runs before it
-def _kill_workers_at_exit() -> None:
-    """multiprocessing's exit handler terminates its children with SIGTERM, which the workers ignore,
-    and then waits for them: a process leaving on an error would wait forever."""
+def kill_workers_at_exit() -> None:
+    """Kill this process's multiprocessing children when it exits; call it where workers that
+    ignore SIGTERM are started. multiprocessing's own exit handler terminates its children with
+    SIGTERM, which those workers ignore, and then waits for them: a process leaving on an error
+    would wait forever. Registered (again) last, so it runs first."""
+    atexit.unregister(_kill_children)
+    atexit.register(_kill_children)
+
+
+def _kill_children() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the workers' deaths are expected now, not errors
     for child in multiprocessing.active_children():
         child.kill()

@@ -3,54 +3,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
-from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.lmdb_dataset import Batch, LmdbDataset
 from data.transforms import pad_right
-from utils.distributed import DistEnv, ShardSampler, all_reduce_sum
-from utils.losses import ctc_losses
-from utils.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
+from evaluation.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
+from models.losses import ctc_losses
+from utils.distributed import DistEnv, all_reduce_sum
 from utils.precision import autocast
-from utils.preemption import ignore_stop_signals
-
-
-def width_batches(widths: np.ndarray, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
-    """This rank's batches of positions, each holding images of one width: the batches of every
-    width, narrowest first, dealt to the ranks in turn. Every position is in exactly one batch."""
-    order = np.argsort(widths, kind="stable")  # by width, then by position
-    runs = np.split(order, np.flatnonzero(np.diff(widths[order])) + 1)  # one run of positions per width
-    batches = [run[i:i + batch_size].tolist() for run in runs for i in range(0, len(run), batch_size)]
-    return batches[rank::world_size]
-
-
-def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, num_workers: int, env: DistEnv,
-                      collate_fn: Callable[[list], Batch] | None = None) -> DataLoader:
-    """A loader over this rank's exact shard of `dataset` (no padding, no repeats); `collate_fn`
-    replaces CollateBatch (scripts/eval.py's keeps each sample's LMDB index).
-
-    Where the transform keeps the aspect ratio and pads to a multiple of `width_step`, images are
-    batched by their padded width: a batch of narrow words runs at its own width, not img_width.
-    Each image's input is the same in any batch, so the results do not depend on the batching.
-    """
-    transform = dataset.transform
-    if transform.keep_aspect and transform.width_step:
-        batching = {"batch_sampler": width_batches(dataset.padded_widths(), batch_size, env.rank, env.world_size)}
-    else:
-        batching = {"batch_size": batch_size, "sampler": ShardSampler(len(dataset), env.rank, env.world_size)}
-    return DataLoader(
-        dataset,
-        **batching,
-        num_workers=num_workers,
-        collate_fn=collate_fn or CollateBatch(codec, dataset.transform.output_shape),
-        pin_memory=env.device.type == "cuda",
-        persistent_workers=num_workers > 0,
-        worker_init_fn=ignore_stop_signals,
-    )
 
 
 @torch.inference_mode()
@@ -77,7 +41,7 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
         predictions, confidences = map(list, zip(*codec.decode(logits)))
-        losses, _ = ctc_losses(logits, batch, env.device, count_infinite=False)
+        losses, _ = ctc_losses(logits, batch.targets, batch.target_lengths, count_infinite=False)
         update_counts(counts, predictions, batch.labels, confidences, losses.tolist(), codec.alphabet)
         if on_batch is not None:
             on_batch(batch, predictions, confidences)
@@ -93,7 +57,7 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
 def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, device: torch.device,
                    count: int = 8) -> list[tuple[Image.Image, list[tuple[str, str]]]]:
     """The first `count` decodable samples of `dataset` with their label and the model's reading,
-    as cells for utils.visualize.caption_grid."""
+    as cells for evaluation.visualize.caption_grid."""
     was_training = model.training
     model.eval()
     samples = [sample for sample in (dataset[i] for i in range(min(len(dataset), 4 * count))) if sample is not None][:count]

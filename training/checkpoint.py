@@ -1,15 +1,24 @@
-"""Checkpoints: written atomically, read with weights-only unpickling, free of wrapper prefixes.
+"""The checkpoint schema, the one place it is written and read: atomic writes, weights-only reads,
+no wrapper prefixes.
 
-A checkpoint is a dict of tensors and plain Python values: `model` (the unwrapped state dict),
-`step`, `config` (a plain dict), `alphabet`, `preprocessing` (data.transforms.Preprocessing as a
-dict) and `versions`, and in training checkpoints also the
-optimizer, scheduler, scaler, RNG and log state (README, "Checkpoints"). `torch.load(path,
-weights_only=True)` reads it on any device.
+A checkpoint is a dict of tensors and plain Python values, read on any device with
+`torch.load(path, weights_only=True)`:
+
+    format          FORMAT (absent: written before the field existed; the same keys otherwise)
+    model           the unwrapped state dict (no `module.` or `_orig_mod.`)
+    step, accuracy  the step it was saved at; its validation accuracy (best.pt), or None
+    config          the run's config as a plain dict (utils.config.to_dict)
+    alphabet        the characters, in class order (the blank is class 0)
+    preprocessing   data.transforms.Preprocessing as a dict: what turns an image into the input
+    world_size, versions
+and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
+    optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
 """
 from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,11 +26,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from data.codec import CTCCodec
 from data.alphabet import load_alphabet
+from data.codec import CTCCodec
 from data.transforms import Preprocessing
-from models import build_model
-from utils.config import Config, ConfigError, from_dict
+from models import model_from_config
+from utils.config import Config, ConfigError, from_dict, to_dict
+
+FORMAT = 1
+# What checkpoints written before the preprocessing record existed were fed: the constants of that time.
+LEGACY = {"interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 
@@ -54,6 +67,56 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, step: int,
+                       accuracy: float | None, world_size: int) -> dict[str, Any]:
+    """What best.pt holds: enough to evaluate, predict, export or start another run from."""
+    return {"format": FORMAT, "model": model.state_dict(), "step": step, "accuracy": accuracy,
+            "config": to_dict(config), "alphabet": alphabet, "preprocessing": preprocessing.to_dict(),
+            "world_size": world_size, "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
+
+
+def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimizer,
+                        scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+                        best_accuracy: float, log_window: dict[str, Any], rng: list[dict[str, Any]],
+                        data_sizes: list[int]) -> dict[str, Any]:
+    """`weights` plus everything an exact resume needs."""
+    return {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
+            "data_sizes": data_sizes}
+
+
+def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
+    return "optimizer" in checkpoint
+
+
+def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                     scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+                     alphabet: str) -> None:
+    """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume)."""
+    if not is_training_checkpoint(checkpoint):
+        raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
+                         f"last.pt, or start from these weights with train.init_from")
+    if checkpoint.get("alphabet") != alphabet:
+        raise ValueError(f"train.resume: {path} was trained with another alphabet ({len(checkpoint.get('alphabet') or '')}"
+                         f" characters; data.alphabet has {len(alphabet)}, or another order). To train on "
+                         f"these characters, start a new run from its weights: train.init_from={path}")
+    model.load_state_dict(checkpoint["model"], strict=True)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    scaler.load_state_dict(checkpoint["scaler"])
+
+
+def read_preprocessing(checkpoint: dict[str, Any], source: str) -> Preprocessing:
+    """The checkpoint's own record; one written before records existed gets the constants of that time."""
+    if "preprocessing" in checkpoint:
+        return Preprocessing.from_dict(checkpoint["preprocessing"], source)
+    data, model = checkpoint["config"]["data"], checkpoint["config"].get("model", {})
+    return Preprocessing(height=data["img_height"], width=data["img_width"],
+                         color="L" if model.get("in_channels", 1) == 1 else "RGB",
+                         keep_aspect=data.get("keep_aspect", False), interpolation=LEGACY["interpolation"],
+                         mean=tuple(LEGACY["mean"]), std=tuple(LEGACY["std"]), padding=LEGACY["padding"])
 
 
 def check_checkpoint_path(path: str | Path) -> Path:
@@ -100,15 +163,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", config: Con
     checkpoint = load_checkpoint(path, map_location=device)
     if "config" in checkpoint:
         config = from_dict(checkpoint["config"])
-        preprocessing = Preprocessing.from_checkpoint(checkpoint, str(path))
+        preprocessing = read_preprocessing(checkpoint, str(path))
     elif config is None:
         raise ConfigError(f"{path} is a bare state dict: pass --config with the model and alphabet it was trained with")
     else:
         preprocessing = Preprocessing.from_config(config)
     alphabet = checkpoint.get("alphabet") or load_alphabet(config.data.alphabet)
     codec = CTCCodec(alphabet, config.data.fold_case)
-    model = build_model(config.model.arch, codec.num_classes, config.model.in_channels, config.model.hidden_size,
-                        channels=tuple(config.model.channels))
+    model = model_from_config(config.model, codec.num_classes)
     try:
         model.load_state_dict(checkpoint["model"], strict=True)
     except RuntimeError as error:

@@ -5,12 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from data.lmdb_dataset import Batch
 
-
-def ctc_losses(logits: Tensor, batch: Batch, device: torch.device, count_infinite: bool = True
+def ctc_losses(logits: Tensor, targets: Tensor, target_lengths: Tensor, count_infinite: bool = True
                ) -> tuple[Tensor, Tensor | None]:
-    """Per-sample CTC losses `[B]` of `[B, T, C]` logits, and how many of them were infinite
+    """Per-sample CTC losses `[B]` of `[B, T, C]` logits against the concatenated `targets` (class
+    indices, blank 0 excluded) of `target_lengths` each, and how many of the losses were infinite
     (None unless `count_infinite`: counting costs a second CTC pass, which evaluation skips).
 
     The loss runs in fp32 whatever the autocast precision: CTC sums probabilities over many
@@ -23,10 +22,10 @@ def ctc_losses(logits: Tensor, batch: Batch, device: torch.device, count_infinit
         # Every image of this process's batch was undecodable. F.ctc_loss rejects empty input; this
         # empty loss stays in the graph, so backward gives every parameter a zero gradient and DDP's
         # all-reduce still finds this rank.
-        return log_probs.sum(dim=(0, 2)), torch.zeros((), dtype=torch.long, device=device)
+        return log_probs.sum(dim=(0, 2)), torch.zeros((), dtype=torch.long, device=logits.device)
     input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
-    targets = batch.targets.to(device, non_blocking=True)
-    target_lengths = batch.target_lengths.to(device, non_blocking=True)
+    targets = targets.to(logits.device, non_blocking=True)
+    target_lengths = target_lengths.to(logits.device, non_blocking=True)
     losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True)
     if not count_infinite:
         return losses, None

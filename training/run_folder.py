@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
-from utils.checkpoint import load_checkpoint
+from training.checkpoint import is_training_checkpoint, load_checkpoint
 from utils.config import Config, ConfigError, resumable_keys, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
@@ -45,7 +45,7 @@ def find_latest_checkpoint(out_dir: str | Path, warn: Callable[[str], None]) -> 
         except ValueError as error:
             warn(f"warning: skipping {path}: {error}")
             continue
-        if checkpoint.get("step") != step or "optimizer" not in checkpoint:
+        if checkpoint.get("step") != step or not is_training_checkpoint(checkpoint):
             warn(f"warning: skipping {path}: not a training checkpoint of step {step}")
             continue
         return path, checkpoint

@@ -1,6 +1,6 @@
-"""The order of training samples: global batches that depend on the step alone.
+"""Every way samples are put in batches: training's global batches, evaluation's shards and width batches.
 
-Global batch `k` is a function of `k`, the dataset sizes and the seed, nothing else: not of the
+Training: global batch `k` is a function of `k`, the dataset sizes and the seed, nothing else: not of the
 number of processes (what makes a 2-process run equal a 1-process one) and not of what ran before
 (what makes a resumed run equal one never stopped).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
@@ -109,3 +110,29 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
 
     def __len__(self) -> int:
         return max(0, self.end - self.start)
+
+
+class ShardSampler(Sampler[int]):
+    """Indices rank, rank + world, ... : every sample in exactly one shard, none padded or repeated.
+
+    DistributedSampler pads the last shard with repeats so all ranks get equal counts; that is fine
+    for training and wrong for evaluation, where each sample must count once.
+    """
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.length, self.rank, self.world_size = length, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+
+def width_batches(widths: np.ndarray, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's batches of positions, each holding images of one width: the batches of every
+    width, narrowest first, dealt to the ranks in turn. Every position is in exactly one batch."""
+    order = np.argsort(widths, kind="stable")  # by width, then by position
+    runs = np.split(order, np.flatnonzero(np.diff(widths[order])) + 1)  # one run of positions per width
+    batches = [run[i:i + batch_size].tolist() for run in runs for i in range(0, len(run), batch_size)]
+    return batches[rank::world_size]

@@ -1,0 +1,31 @@
+"""Image files named on a command line: files, folders and (quoted) globs."""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
+
+
+def image_paths(inputs: list[str]) -> list[str]:
+    """The image files `inputs` name, in order: files as given, folders' image files and globs' files sorted.
+
+    Raises FileNotFoundError naming an input that is missing, an empty folder or a glob matching nothing.
+    """
+    paths: list[str] = []
+    for item in inputs:
+        if Path(item).is_dir():
+            found = sorted(str(path) for path in Path(item).iterdir()
+                           if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+            if not found:
+                raise FileNotFoundError(f"folder {item} holds no image files ({' '.join(IMAGE_SUFFIXES)})")
+        elif Path(item).is_file():
+            found = [item]
+        elif any(char in item for char in "*?["):  # a glob the shell left alone (quoted)
+            found = sorted(path for path in glob.glob(item, recursive=True) if Path(path).is_file())
+            if not found:
+                raise FileNotFoundError(f"no file matches {item}")
+        else:
+            raise FileNotFoundError(f"{item} does not exist")
+        paths += found
+    return list(dict.fromkeys(paths))  # an image named twice (a file inside a folder also given) is read once

@@ -1,0 +1,14 @@
+"""What the training loop changes as it runs, in one object."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from training.log_window import LogWindow
+
+
+@dataclass
+class TrainState:
+    window: LogWindow  # the numbers of the next log line
+    step: int = 0  # optimizer steps taken (skipped ones included)
+    best_accuracy: float = -1.0  # the best validation accuracy so far (best.pt's)
+    skipped_in_a_row: int = 0  # steps skipped for a non-finite gradient since the last good one
