@@ -101,7 +101,7 @@ class TrainConfig:
     precision: str = resumable("auto")  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
     channels_last: bool = resumable(True)
     # torch.compile the training step's model (the first steps then take minutes to compile). It
-    # speeds up GPUs; on a CPU the step is the convolutions' own time and it gained nothing (README).
+    # speeds up GPUs; on a CPU the step is the convolutions' own time and it gained nothing (docs/performance.md).
     compile: bool = resumable(False)
     tensorboard: bool = resumable(True)  # scalars and decoded validation samples in out_dir/tensorboard (rank 0)
     threads: int = resumable(0)  # CPU threads per process; 0: OMP_NUM_THREADS if set, else cores / processes
