@@ -22,7 +22,8 @@ def build_train_loader(datasets: list[LmdbDataset], codec: CTCCodec, batch_size:
     if sampler.batches_per_epoch == 0:
         raise ValueError(f"data.train has {len(dataset)} usable samples: fewer than one global batch of "
                          f"{batch_size}; add data or lower train.batch_size")
-    kill_workers_at_exit()
+    if num_workers:
+        kill_workers_at_exit()
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
                         collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
                         pin_memory=env.device.type == "cuda", persistent_workers=num_workers > 0,
@@ -46,7 +47,8 @@ def build_eval_loader(dataset: LmdbDataset, codec: CTCCodec, batch_size: int, nu
         batching = {"batch_sampler": width_batches(dataset.padded_widths(), batch_size, env.rank, env.world_size)}
     else:
         batching = {"batch_size": batch_size, "sampler": ShardSampler(len(dataset), env.rank, env.world_size)}
-    kill_workers_at_exit()
+    if num_workers:
+        kill_workers_at_exit()
     return DataLoader(
         dataset,
         **batching,

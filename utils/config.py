@@ -213,11 +213,11 @@ def other_keys(node: Any) -> dict[str, Any] | None:
 
 
 def apply_values(node: Any, values: dict, prefix: str, source: str) -> None:
+    names, extra = schema_fields(node), other_keys(node)
     for key, value in values.items():
         full_key = f"{prefix}{key}"
-        names = schema_fields(node)
-        if key not in names and other_keys(node) is not None:
-            other_keys(node)[key] = value
+        if key not in names and extra is not None:
+            extra[key] = value
             continue
         if key not in names:
             raise ConfigError(f"{source}: unknown key {full_key!r}; known keys here: {', '.join(names)}")
@@ -237,10 +237,13 @@ def set_value(config: Config, dotted_key: str, text: str, source: str) -> None:
         if not dataclasses.is_dataclass(node) or not hasattr(node, name):
             raise ConfigError(f"{source}: unknown key {'.'.join(path[: depth + 1])!r}")
         node = getattr(node, name)
-    if dataclasses.is_dataclass(node) and last not in schema_fields(node) and other_keys(node) is not None:
-        other_keys(node)[last] = parse_yaml_value(text, dotted_key, source)
+    if not dataclasses.is_dataclass(node):
+        raise ConfigError(f"{source}: unknown key {dotted_key!r}")
+    extra = other_keys(node)
+    if last not in schema_fields(node) and extra is not None:
+        extra[last] = parse_yaml_value(text, dotted_key, source)
         return
-    if not dataclasses.is_dataclass(node) or last not in schema_fields(node):
+    if last not in schema_fields(node):
         raise ConfigError(f"{source}: unknown key {dotted_key!r}")
     if dataclasses.is_dataclass(getattr(node, last)):
         raise ConfigError(f"{source}: {dotted_key!r} is a section; set its keys one by one")
@@ -322,7 +325,7 @@ def validate(config: Config) -> None:
         "train.max_nonfinite_steps": (config.train.max_nonfinite_steps, 1, math.inf),
         "train.seed": (config.train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
         "train.threads": (config.train.threads, 0, math.inf),
-        "data.img_height": (config.data.img_height, 1, math.inf),  # and what the model needs: models.check_input_size
+        "data.img_height": (config.data.img_height, 1, math.inf),  # what the model reads: train.py's output_frames
         "data.img_width": (config.data.img_width, 1, math.inf),
         "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
         "data.num_workers": (config.data.num_workers, 0, math.inf),
