@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
+from data.label_index import index_cache_dir
 from data.lmdb_dataset import Batch, LmdbDataset
 from data.loaders import build_eval_loader, build_train_loader
 from data.samplers import GlobalBatchSampler
@@ -234,9 +235,11 @@ def build_setup(config: Config, env: DistEnv) -> Setup:
         raise ConfigError(f"data.img_height={data.img_height}, data.img_width={data.img_width}: {error}") from None
     if config.model.sync_bn and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
-    train_sets = [LmdbDataset(root, codec, frames, build_transform(config, train=True)) for root in data.train]
+    cache = index_cache_dir(data.index_cache)
+    train_sets = [LmdbDataset(root, codec, frames, build_transform(config, train=True), index_cache=cache)
+                  for root in data.train]
     val_transform = build_transform(config)
-    val_sets = [LmdbDataset(root, codec, frames, val_transform) for root in data.val]
+    val_sets = [LmdbDataset(root, codec, frames, val_transform, index_cache=cache) for root in data.val]
     loader, sampler = build_train_loader(train_sets, codec, config.train.batch_size, data.train_ratios or None,
                                          config.train.seed, data.num_workers, env)
     precision = resolve_precision(config.train.precision, env.device)
@@ -294,7 +297,7 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tup
 
 def build_val_loaders(config: Config, setup: Setup, env: DistEnv, log: RunLog) -> list[DataLoader]:
     for dataset in setup.train_sets + setup.val_sets:
-        log.info(dataset.report.summary())
+        log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
     loaders = [build_eval_loader(dataset, setup.codec, config.train.eval_batch_size // env.world_size,
                                  config.data.num_workers, env) for dataset in setup.val_sets]
     # Their persistent workers are forked now, while no other thread runs: a fork at the first

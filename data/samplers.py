@@ -65,7 +65,9 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
             self._orders = {k: v for k, v in self._orders.items() if k[0] != dataset}  # keep one epoch per stream
             generator = torch.Generator().manual_seed(self.seed + epoch if dataset < 0 else
                                                       self.seed + 1_000_003 * (dataset + 1) + epoch)
-            self._orders[key] = torch.randperm(length, generator=generator)
+            # int32: half the memory at 14.4 M samples (58 MB, not 115), and the same permutation as int64.
+            self._orders[key] = torch.randperm(length, generator=generator,
+                                               dtype=torch.int32 if length < 2**31 else torch.int64)
         return self._orders[key]
 
     def _stream(self, dataset: int, first: int, count: int) -> list[int]:

@@ -23,7 +23,9 @@ from pathlib import Path
 from PIL import Image
 from torch.utils.data import Dataset
 
-from data.lmdb_dataset import DROP_REASONS, Batch, CollateBatch, LmdbDataset, open_lmdb, shared_lmdb
+from data.label_index import DROP_REASONS, index_cache_dir
+from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
 from data.transforms import build_transform
@@ -75,6 +77,8 @@ def parse_args() -> argparse.Namespace:
                              "rest (the benchmarks' protocol, default), or leave the sample out")
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")
     parser.add_argument("--workers", type=int, default=2, help="data-loader workers per process")
+    parser.add_argument("--index-cache", default="auto", metavar="DIR|auto|off",
+                        help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache")
     parser.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
     return parser.parse_args()
 
@@ -204,7 +208,8 @@ def main() -> None:
         sets, combined, predictions = [], new_counts(), []
         start = time.perf_counter()
         for name, root in roots:
-            dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove")
+            dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove",
+                                  index_cache=index_cache_dir(args.index_cache))
             loader = build_eval_loader(IndexedSamples(dataset), codec, args.batch_size, args.workers, env,
                                        CollateWithIndices(codec, transform.output_shape))
             records = []  # (LMDB index, label, prediction, confidence) of this process's shard

@@ -40,7 +40,7 @@ from torch.export._patches import register_lstm_while_loop_decomposition
 
 from data.codec import CTCCodec
 from data.image_files import image_paths
-from data.lmdb_dataset import open_lmdb, read_num_samples
+from data.lmdb_env import open_lmdb, read_num_samples
 from data.lmdb_keys import image_key
 from data.synthetic.render import build_plan, render_sample
 from data.transforms import ImageTransform, Preprocessing

@@ -27,7 +27,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
-from data.lmdb_dataset import highest_index, open_lmdb, read_num_samples
+from data.lmdb_env import highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import image_key, label_key
 from evaluation.visualize import caption_grid
 from utils import cli

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ def run_env() -> dict[str, str]:
 
 def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
     """Every (image bytes, label) of an LMDB, in index order (also where a test's dataset holds it open)."""
-    from data.lmdb_dataset import lmdb_for_scan
+    from data.lmdb_env import lmdb_for_scan
 
     with lmdb_for_scan(path) as env, env.begin() as txn:
         count = int(txn.get(b"num-samples"))
@@ -34,6 +35,16 @@ def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[
         paths.append(folder / f"val{index:02d}.jpg")
         paths[-1].write_bytes(image_bytes)
     return paths
+
+
+@pytest.fixture(scope="session", autouse=True)
+def index_cache_home(tmp_path_factory) -> Iterator[Path]:
+    """The label-index cache (data.index_cache=auto) of every test and every process it starts, kept out
+    of the user's own ~/.cache."""
+    home = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(scope="session")

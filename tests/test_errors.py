@@ -19,7 +19,8 @@ import torch
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
-from data.lmdb_dataset import open_lmdb, scan_labels
+from data.label_index import scan_labels
+from data.lmdb_env import open_lmdb
 from data.lmdb_writer import write_lmdb
 from tests.conftest import ALPHABET, REPO, run_env
 from tests.test_lmdb_dataset import edit_lmdb, png
