@@ -162,7 +162,8 @@ def usable_samples(root: str | Path, codec: CTCCodec, max_frames: int, remove_un
         report.source += (f"; not cached: {error.strerror or error} ({cache_dir}); set data.index_cache to a "
                           f"writable folder, or to off")
         return kept, report
-    return read_entry(entry, settings, root, source=f"{report.source}, cached in {entry}.npy")
+    # Read back memory-mapped like any later start; the scan's own array if the file cannot be mapped.
+    return read_entry(entry, settings, root, source=f"{report.source}, cached in {entry}.npy") or (kept, report)
 
 
 def lmdb_fingerprint(root: str | Path) -> dict:
