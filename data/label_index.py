@@ -151,8 +151,8 @@ def usable_samples(root: str | Path, codec: CTCCodec, max_frames: int, remove_un
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(entry.with_suffix(".lock")):
-            # Another process may have built it while this one waited for the lock.
-            found = read_entry(entry, settings, root)
+            # Another process (another rank starting with this one) may have built it while this one waited.
+            found = read_entry(entry, settings, root, source=f"index built by another process, read from {entry}.npy")
             if found:
                 return found
             kept, report = scan_labels(root, codec, max_frames, remove_unknown)

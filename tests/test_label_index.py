@@ -96,8 +96,8 @@ def test_processes_starting_together_scan_once_and_the_others_wait_for_it(datase
     answers = [results.get(timeout=60) for _ in workers]
     for worker in workers:
         worker.join(timeout=60)
-    sources = sorted(source.split(" ")[0] for source, _ in answers)
-    assert sources == ["index", "index", "index", "labels"], [source for source, _ in answers]
+    sources = sorted(" ".join(source.split(" ")[:2]) for source, _ in answers)
+    assert sources == ["index built", "index built", "index built", "labels scanned"], [source for source, _ in answers]
     assert all(kept == answers[0][1] for _, kept in answers) and answers[0][1]
 
 
