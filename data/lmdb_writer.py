@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
@@ -31,9 +32,7 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
     """
     path = Path(path)
     check_replaceable(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staged_lmdb(path) as staging:
         env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True)
         count = 0
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
@@ -47,13 +46,23 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
         commit(env, pending, num_samples=count)
         env.sync()
         env.close()
+    return count
+
+
+@contextmanager
+def staged_lmdb(path: Path) -> Iterator[Path]:
+    """A new folder beside `path` to build an LMDB in (close it before the block ends): renamed to
+    `path`, replacing what was there, when the block succeeds; removed when it fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield staging
         if path.exists():
             shutil.rmtree(path)
         staging.rename(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return count
 
 
 def check_replaceable(path: Path, overwrite: bool) -> None:

@@ -206,10 +206,11 @@ def main() -> None:
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
         sets, combined, predictions = [], new_counts(), []
+        index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
             dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove",
-                                  index_cache=index_cache_dir(args.index_cache))
+                                  index_cache=index_cache)
             loader = build_eval_loader(IndexedSamples(dataset), codec, args.batch_size, args.workers, env,
                                        CollateWithIndices(codec, transform.output_shape))
             records = []  # (LMDB index, label, prediction, confidence) of this process's shard

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import lmdb
 from PIL import Image, ImageDraw, ImageFont
 
 from data.lmdb_keys import NUM_SAMPLES, image_key, label_key
-from data.lmdb_writer import check_replaceable
+from data.lmdb_writer import check_replaceable, staged_lmdb
 
 WORDS = Path(__file__).resolve().parents[1] / "data" / "words" / "english.txt"
 CHUNK = 1_000_000  # samples per transaction
@@ -49,24 +47,16 @@ def write_scale_lmdb(path: Path, samples: int, variants: int, seed: int) -> None
     random.Random(seed).shuffle(words)
     images = word_images(words, variants)
     encoded_words = [word.encode("utf-8") for word in words]
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        with lmdb.open(str(staging), map_size=MAP_SIZE, sync=False) as env:
-            for key, value in ((image_key, lambda i: images[i % len(images)]),
-                               (label_key, lambda i: encoded_words[i % len(encoded_words)])):
-                for start in range(1, samples + 1, CHUNK):
-                    with env.begin(write=True) as txn:
-                        txn.cursor().putmulti(((key(i), value(i)) for i in range(start, min(start + CHUNK, samples + 1))),
-                                              append=True)
-            with env.begin(write=True) as txn:
-                txn.put(NUM_SAMPLES, str(samples).encode())
-            env.sync(True)
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with staged_lmdb(path) as staging, lmdb.open(str(staging), map_size=MAP_SIZE, sync=False) as env:
+        for key, value in ((image_key, lambda i: images[i % len(images)]),
+                           (label_key, lambda i: encoded_words[i % len(encoded_words)])):
+            for start in range(1, samples + 1, CHUNK):
+                with env.begin(write=True) as txn:
+                    txn.cursor().putmulti(((key(i), value(i)) for i in range(start, min(start + CHUNK, samples + 1))),
+                                          append=True)
+        with env.begin(write=True) as txn:
+            txn.put(NUM_SAMPLES, str(samples).encode())
+        env.sync(True)  # the environment closes before the folder is renamed into place
 
 
 def main() -> None:
@@ -80,7 +70,6 @@ def main() -> None:
     if args.samples < 1 or args.variants < 1:
         parser.error("--samples and --variants must be 1 or more")
     check_replaceable(args.out, args.overwrite)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     write_scale_lmdb(args.out, args.samples, args.variants, args.seed)
     seconds = time.perf_counter() - started

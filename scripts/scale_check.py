@@ -87,21 +87,20 @@ def measure_startup(big: Path, small: Path, val: Path, work: Path) -> dict:
 
 def process_tree(root_pid: int) -> dict[int, int]:
     """pid -> parent pid of `root_pid` and everything it started."""
-    parents = {}
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
-            except OSError:
+            except OSError:  # ended meanwhile
                 continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
     tree, frontier = {}, [root_pid]
     while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid:
-                tree[child] = parent
-                frontier.append(child)
+        parent = frontier.pop()
+        for child in children.get(parent, []):
+            tree[child] = parent
+            frontier.append(child)
     return tree
 
 
