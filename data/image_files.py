@@ -4,6 +4,9 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
+from data.lmdb_env import open_lmdb, read_num_samples
+from data.lmdb_keys import image_key
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
 
 
@@ -29,3 +32,21 @@ def image_paths(inputs: list[str]) -> list[str]:
             raise FileNotFoundError(f"{item} does not exist")
         paths += found
     return list(dict.fromkeys(paths))  # an image named twice (a file inside a folder also given) is read once
+
+
+def encoded_images(sources: list[str], limit: int) -> list[tuple[str, bytes]]:
+    """Up to `limit` (name, encoded image) pairs from image files, folders, globs and LMDB folders (an
+    LMDB's samples in order, named `folder#index`)."""
+    images: list[tuple[str, bytes]] = []
+    for source in sources:
+        if (Path(source) / "data.mdb").is_file():
+            env = open_lmdb(source)
+            with env.begin() as txn:
+                for index in range(1, min(read_num_samples(txn, source), limit - len(images)) + 1):
+                    image_bytes = txn.get(image_key(index))
+                    if image_bytes is not None:
+                        images.append((f"{source}#{index}", image_bytes))
+            env.close()
+        else:
+            images += [(path, Path(path).read_bytes()) for path in image_paths([source])[:limit - len(images)]]
+    return images[:limit]

@@ -20,6 +20,7 @@ from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
 from data.augment import Augmentation
+from data.opencv_resize import resize_opencv_linear
 
 SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 INTERPOLATIONS = {
@@ -29,6 +30,7 @@ INTERPOLATIONS = {
     "lanczos": Image.Resampling.LANCZOS,
     "box": Image.Resampling.BOX,
     "hamming": Image.Resampling.HAMMING,
+    "opencv_linear": None,  # cv2.resize's INTER_LINEAR (data/opencv_resize.py): what EasyOCR's models were fed
 }
 COLORS = {"L": 1, "RGB": 3}  # Pillow's modes: "L" is ITU-R 601-2 luma (0.299 R + 0.587 G + 0.114 B)
 PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the last column
@@ -174,8 +176,12 @@ class ImageTransform:
         """A decoded image (in the record's mode) resized, augmented if a seed is given and this transform
         augments, normalised and padded: `[C, H, W]`."""
         padded_width = self.padded_width(image.width, image.height)
-        image = image.resize((self.resized_width(image.width, image.height), self.height), self.resample)
-        tensor = TF.pil_to_tensor(image).to(torch.float32)  # [C, H, w], 0..255
+        size = (self.resized_width(image.width, image.height), self.height)
+        if self.resample is None:
+            pixels = resize_opencv_linear(np.asarray(image), *size)
+            tensor = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1).to(torch.float32)
+        else:
+            tensor = TF.pil_to_tensor(image.resize(size, self.resample)).to(torch.float32)  # [C, H, w], 0..255
         if self.augmentation is not None and augment_seed is not None:
             tensor = self.augmentation(tensor.div_(255), augment_seed).mul_(255)
         tensor = tensor.div_(self.divisor).sub_(self.shift)

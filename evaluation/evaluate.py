@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 from PIL import Image
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
@@ -70,3 +70,19 @@ def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, devi
                                                    (f"read: {text}  ({confidence:.2f})", "black" if text == label else "firebrick")]))
     model.train(was_training)
     return cells
+
+
+@torch.inference_mode()
+def read_images(model: nn.Module, codec: CTCCodec, images: list[Tensor], device: torch.device) -> list[tuple[str, float]]:
+    """(text, confidence) for each `[C, H, W]` model input, in order. Images of one width run as one batch,
+    so a reading never depends on which other images came with it (a keep_aspect transform with a
+    width step makes several widths)."""
+    results: list[tuple[str, float] | None] = [None] * len(images)
+    by_width: dict[int, list[int]] = {}
+    for position, image in enumerate(images):
+        by_width.setdefault(image.shape[-1], []).append(position)
+    for positions in by_width.values():
+        logits = model(torch.stack([images[position] for position in positions]).to(device))
+        for position, reading in zip(positions, codec.decode(logits)):
+            results[position] = reading
+    return results

@@ -4,7 +4,9 @@
     python scripts/predict.py runs/crnn/best.pt scans/ a.jpg b.png          # a folder's image files, and files
     python scripts/predict.py runs/crnn/best.pt 'scans/**/*.png' --device cuda:0 --batch-size 256   # a glob
 
-The model, alphabet and preprocessing (size, colour, resize filter, normalisation) come from the checkpoint. A
+The model, alphabet and preprocessing (size, colour, resize filter, normalisation) come from the checkpoint; a
+checkpoint trained with data.keep_aspect pads each image only to the next multiple of its data.eval_width_step,
+as eval.sh does, and images of one width are read together, so --batch-size never changes a reading. A
 folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
 The confidence is the product, over the characters read, of each one's highest frame probability
 (1.0000 for an empty text). An image that cannot be decoded is named on stderr and skipped; the others
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from data.image_files import image_paths
 from data.transforms import ImageTransform
+from evaluation.evaluate import read_images
 from training.checkpoint import load_model
 from utils import cli
 from utils.config import Config, load_config
@@ -71,8 +74,8 @@ def read_image(path: str, transform: ImageTransform) -> Tensor | None:
 def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None
             ) -> int:
     """Print one line per decodable image of `paths`; return how many could not be decoded."""
-    model, codec, _, preprocessing = load_model(checkpoint, device, config)
-    transform = ImageTransform(preprocessing)
+    model, codec, config, preprocessing = load_model(checkpoint, device, config)
+    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     undecodable = 0
     for start in range(0, len(paths), batch_size):
         decoded = [(path, read_image(path, transform)) for path in paths[start:start + batch_size]]
@@ -80,8 +83,8 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
         undecodable += len(decoded) - len(readable)
         if not readable:
             continue
-        images = torch.stack([image for _, image in readable]).to(device)  # [B, C, H, W]
-        for (path, _), (text, confidence) in zip(readable, codec.decode(model(images))):
+        readings = read_images(model, codec, [image for _, image in readable], device)
+        for (path, _), (text, confidence) in zip(readable, readings):
             print(f"{path}\t{text}\t{confidence:.4f}")
         sys.stdout.flush()  # lines appear batch by batch when piped
     return undecodable

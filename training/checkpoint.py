@@ -209,8 +209,8 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str) -> s
     old_alphabet = checkpoint.get("alphabet")
     if classifier and not old_alphabet:
         lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
-                     f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: import it with "
-                     f"its character list)")
+                     f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
+                     f"scripts/import_weights.py, which records its characters)")
     elif classifier:
         old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
         mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]

@@ -48,7 +48,8 @@ class DataConfig:
     img_height: int = 32
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
-    interpolation: str = "bilinear"  # resize filter: nearest | bilinear | bicubic | lanczos | box | hamming
+    # resize filter: nearest | bilinear | bicubic | lanczos | box | hamming (Pillow) or opencv_linear (cv2.resize)
+    interpolation: str = "bilinear"
     # Normalisation, torchvision's (pixels / 255 - mean) / std: one value for every channel or one per
     # channel. 0.5 and 0.5 map pixels to [-1, 1]. Stored with the rest of the preprocessing in every
     # checkpoint, which is what evaluation, prediction and export then apply.
