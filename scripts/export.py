@@ -67,7 +67,8 @@ SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
 EASYOCR_BUILT_IN = {"standard", "latin_g1", "zh_tra_g1", "zh_sim_g1", "japanese_g1", "korean_g1", "thai_g1",
                     "devanagari_g1", "cyrillic_g1", "arabic_g1", "tamil_g1", "bengali_g1", "english_g2", "latin_g2",
                     "zh_sim_g2", "japanese_g2", "korean_g2", "telugu_g2", "kannada_g2", "cyrillic_g2"}
-EASYOCR_AGREEMENT = 0.99  # EasyOCR resizes with cv2; data/opencv_resize.py matches it to a grey level or so
+# Not 100 %: EasyOCR resizes a word narrower than high by another rule (docs/pretrained.md).
+EASYOCR_AGREEMENT = 0.99
 # The lowest opset torch.onnx's torch.export-based exporter has implementations for: a lower one is
 # reached only by converting its graph afterwards. onnxruntime reads it from 1.14 on.
 ONNX_OPSET = 18
