@@ -8,7 +8,7 @@ import torch
 
 from data.samplers import ShardSampler
 from tests.conftest import REPO, run_env
-from utils.distributed import pick_device, threads_per_process
+from utils.distributed import pick_device, process_group_backend, threads_per_process
 
 
 @pytest.mark.parametrize("length, world_size", [(33, 2), (10, 3), (2, 4), (0, 2)])
@@ -54,3 +54,13 @@ def test_device_ids_naming_a_missing_gpu_or_too_few_gpus_is_a_clear_error(monkey
         pick_device(0, 2, [1])
     with pytest.raises(ValueError, match=r"local rank 2 needs GPU 2 but this node has 2"):
         pick_device(2, 3, [])
+
+
+def test_processes_that_share_a_gpu_join_over_gloo_since_nccl_refuses_that():
+    gpu = torch.device("cuda", 0)
+    assert process_group_backend(gpu, [], 2) == "nccl"  # local rank i on cuda:i
+    assert process_group_backend(gpu, [1, 0], 2) == "nccl"
+    assert process_group_backend(gpu, [0, 0], 2) == "gloo"  # two processes, one GPU
+    assert process_group_backend(gpu, [2, 2, 3], 2) == "gloo"  # only the node's own ranks count
+    assert process_group_backend(gpu, [2, 3, 3], 2) == "nccl"
+    assert process_group_backend(torch.device("cpu"), [], 2) == "gloo"

@@ -77,12 +77,22 @@ def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
     torch.set_num_threads(threads_per_process(threads, local_world_size))
     cpu_group = None
     if world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = process_group_backend(device, device_ids, local_world_size)
         dist.init_process_group(backend=backend, store=attempt_store(world_size), rank=rank, world_size=world_size,
                                 device_id=device if backend == "nccl" else None)
         if backend != "gloo":
             cpu_group = dist.new_group(backend="gloo")
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, cpu_group=cpu_group)
+
+
+def process_group_backend(device: torch.device, device_ids: list[int], local_world_size: int) -> str:
+    """NCCL between GPUs; gloo on CPUs, and between processes that share a GPU (device_ids: [0, 0]), which
+    NCCL refuses ("Duplicate GPU detected"). Gloo carries CUDA tensors too, through host memory: slower,
+    for tests and debugging on one GPU, not for training."""
+    if device.type != "cuda":
+        return "gloo"
+    shares_a_gpu = len(set(device_ids[:local_world_size])) < local_world_size if device_ids else False
+    return "gloo" if shares_a_gpu else "nccl"
 
 
 def attempt_store(world_size: int) -> dist.Store | None:
@@ -118,8 +128,8 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     """Sum a tensor over all processes (a no-op in one process); returned on the tensor's device."""
     if not (dist.is_available() and dist.is_initialized()):
         return tensor
-    # NCCL reduces CUDA tensors only; gloo takes CPU tensors.
-    on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor
+    # NCCL reduces CUDA tensors only; gloo is given CPU tensors (also where processes share a GPU).
+    on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor.cpu()
     dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
     return on_wire.to(tensor.device)
 
