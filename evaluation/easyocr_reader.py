@@ -3,7 +3,8 @@
 EasyOCR (`pip install easyocr`) is optional: only scripts/compare_easyocr.py and
 `scripts/export.py --format easyocr` use it, to show that a converted model reads what EasyOCR reads.
 Both sides get the same 8-bit grey pixels (decoded here once), so what differs is what each does
-after: EasyOCR's cv2 resize against Pillow's, and float arithmetic.
+after: its resize (the same as data.interpolation: opencv_linear, but for words narrower than high),
+its padding, and float arithmetic.
 """
 from __future__ import annotations
 
@@ -51,11 +52,12 @@ def easyocr_reader(weights: Path | None = None, export_dir: Path | None = None, 
                               detector=False, download_enabled=False, quantize=quantize, verbose=False)
     if weights is None or not weights.is_file():
         raise FileNotFoundError(f"EasyOCR weights {weights} do not exist")
-    # EasyOCR creates its user-network folder even when unused: keep it out of the home folder.
-    networks = tempfile.mkdtemp(prefix="easyocr-user-network-")
-    return easyocr.Reader(["en"], gpu=False, model_storage_directory=str(weights.parent),
-                          user_network_directory=networks, recog_network=weights.stem, detector=False,
-                          download_enabled=False, quantize=quantize, verbose=False)
+    # EasyOCR creates a user-network folder even for its own models (in the home folder by default) and
+    # needs it only while it starts.
+    with tempfile.TemporaryDirectory(prefix="easyocr-user-network-") as networks:
+        return easyocr.Reader(["en"], gpu=False, model_storage_directory=str(weights.parent),
+                              user_network_directory=networks, recog_network=weights.stem, detector=False,
+                              download_enabled=False, quantize=quantize, verbose=False)
 
 
 @torch.inference_mode()

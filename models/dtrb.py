@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from models.crnn import BidirectionalLSTM
 from models.registry import register_model
 
+DTRB_CHANNELS = 512  # DTRB's own output_channel; EasyOCR's generation 2 uses 256
+
 
 def dtrb_vgg_backbone(in_channels: int, channels: int) -> nn.Sequential:
     """Seven convolutions whose widths are channels/8, /4, /2, /2, then channels four times; the three
@@ -42,7 +44,8 @@ class DTRBVGG(nn.Module):
     reads the second BiLSTM's projection, as in the source.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256, channels: int = 512) -> None:
+    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256,
+                 channels: int = DTRB_CHANNELS) -> None:
         super().__init__()
         self.backbone = dtrb_vgg_backbone(in_channels, channels)
         self.sequence = nn.Sequential(

@@ -257,9 +257,7 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
 def export_easyocr(model: nn.Module, codec: CTCCodec, config: Config, preprocessing: Preprocessing, out: Path,
                    name: str, languages: list[str], images: list[tuple[str, bytes]], origin: str) -> int:
     """Write the EasyOCR folder; read the check images with EasyOCR and with `model` when EasyOCR is here."""
-    model_section = {"arch": config.model.arch, "in_channels": config.model.in_channels,
-                     "hidden_size": config.model.hidden_size, **config.model.settings}
-    problems = easyocr_problems(model_section, preprocessing)
+    problems = easyocr_problems(config.model, preprocessing)
     if problems:
         raise ValueError("EasyOCR cannot run this model as it was trained: " + "; ".join(problems))
     if not name.isidentifier():  # EasyOCR imports user_network/NAME.py as a module
@@ -269,7 +267,7 @@ def export_easyocr(model: nn.Module, codec: CTCCodec, config: Config, preprocess
     if name in EASYOCR_BUILT_IN:
         raise ValueError(f"--name {name}: EasyOCR would load its own {name} instead; pick another, e.g. --name "
                          f"{name}_custom")
-    write_easyocr_model(out, name, model.state_dict(), codec.alphabet, model_section, preprocessing, languages)
+    write_easyocr_model(out, name, model.state_dict(), codec.alphabet, config.model, preprocessing, languages)
     print(f"exported easyocr to {out}: model/{name}.pth, user_network/{name}.py and {name}.yaml (imgH "
           f"{preprocessing.height}, {len(codec.alphabet)} characters); read with easyocr.Reader({languages},"
           f" recog_network={name!r}, model_storage_directory='{out / 'model'}', user_network_directory="

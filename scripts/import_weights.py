@@ -21,7 +21,7 @@ import torch
 
 from data.alphabet import load_alphabet
 from data.transforms import Preprocessing
-from models import build_model, output_frames
+from models import count_parameters, model_from_config, output_frames
 from training.checkpoint import load_checkpoint, save_checkpoint, weights_checkpoint
 from training.peer_weights import (
     FORMATS,
@@ -67,8 +67,7 @@ def main() -> int:
     given = load_alphabet(args.alphabet) if args.alphabet else None
     alphabet, fold_case, alphabet_origin = source_alphabet(peer, classes, given)
     config = imported_config(peer, model_section, alphabet, fold_case)
-    settings = {key: value for key, value in model_section.items() if key not in ("arch", "in_channels", "hidden_size")}
-    model = build_model(peer.arch, classes, model_section["in_channels"], model_section["hidden_size"], **settings)
+    model = model_from_config(config.model, classes)
     weights, report = convert_state_dict(peer, source, model.state_dict())
     model.load_state_dict(weights, strict=True)
     preprocessing = Preprocessing.from_config(config)
@@ -79,7 +78,7 @@ def main() -> int:
     save_checkpoint(args.out, imported)
 
     described = ", ".join(f"{key}={value}" for key, value in model_section.items())
-    print(f"model: {described}; {sum(p.numel() for p in model.parameters()):,} parameters, {frames} frames at "
+    print(f"model: {described}; {count_parameters(model):,} parameters, {frames} frames at "
           f"{preprocessing.width} px")
     print("\n".join(report))
     print(f"characters: {len(alphabet)} from {alphabet_origin}, blank at class 0"

@@ -11,6 +11,7 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     alphabet        the characters, in class order (the blank is class 0)
     preprocessing   data.transforms.Preprocessing as a dict: what turns an image into the input
     world_size, versions
+    imported_from   only in a checkpoint scripts/import_weights.py made: the source's format and file name
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
 """

@@ -12,7 +12,6 @@ where) and the character sets its published models use, recognised by their clas
 """
 from __future__ import annotations
 
-import os
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,10 @@ from torch import Tensor
 
 from data.transforms import Preprocessing
 from models.crnn import VGG_CHANNELS
+from models.dtrb import DTRB_CHANNELS
 from training.checkpoint import save_checkpoint
-from utils.config import Config, from_dict
+from utils.atomic_write import write_text_atomically
+from utils.config import Config, ModelConfig, from_dict
 
 LOWERCASE_36 = string.digits + string.ascii_lowercase
 # DTRB's --sensitive character set: string.printable without its 6 whitespace characters.
@@ -212,11 +213,11 @@ from easyocr.model.vgg_model import Model  # noqa: F401  (EasyOCR builds Model(n
 '''
 
 
-def easyocr_problems(model_section: dict[str, Any], preprocessing: Preprocessing) -> list[str]:
+def easyocr_problems(model: ModelConfig, preprocessing: Preprocessing) -> list[str]:
     """Why EasyOCR could not run this model as it was trained; [] when it can."""
     problems = []
-    if model_section["arch"] != "dtrb_vgg":
-        problems.append(f"the architecture is {model_section['arch']}; EasyOCR's custom networks here are dtrb_vgg "
+    if model.arch != "dtrb_vgg":
+        problems.append(f"the architecture is {model.arch}; EasyOCR's custom networks here are dtrb_vgg "
                         "(its generation 2): train with model.arch: dtrb_vgg, e.g. configs/easyocr_en.yaml")
     if preprocessing.color != "L":
         problems.append("the model reads RGB images; EasyOCR feeds grey ones")
@@ -230,21 +231,15 @@ def easyocr_problems(model_section: dict[str, Any], preprocessing: Preprocessing
 
 
 def write_easyocr_model(folder: Path, name: str, state_dict: dict[str, Tensor], alphabet: str,
-                        model_section: dict[str, Any], preprocessing: Preprocessing, languages: list[str]) -> None:
+                        model: ModelConfig, preprocessing: Preprocessing, languages: list[str]) -> None:
     """EasyOCR's custom-model layout: `model/NAME.pth` (weights), `user_network/NAME.py` (the network)
     and `user_network/NAME.yaml` (its settings and characters); each file written whole, then renamed."""
-    settings = {"network_params": {"input_channel": model_section["in_channels"],
-                                   "output_channel": model_section["channels"],
-                                   "hidden_size": model_section["hidden_size"]},
+    settings = {"network_params": {"input_channel": model.in_channels,
+                                   "output_channel": model.settings.get("channels", DTRB_CHANNELS),
+                                   "hidden_size": model.hidden_size},
                 "imgH": preprocessing.height, "lang_list": languages, "character_list": alphabet}
     save_checkpoint(folder / "model" / f"{name}.pth", easyocr_state_dict(state_dict))
     write_text_atomically(folder / "user_network" / f"{name}.py", EASYOCR_NETWORK_FILE)
     write_text_atomically(folder / "user_network" / f"{name}.yaml",
                           yaml.safe_dump(settings, allow_unicode=True, sort_keys=False))
 
-
-def write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)

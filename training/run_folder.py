@@ -18,6 +18,7 @@ from typing import Any, Callable
 import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
+from utils.atomic_write import write_text_atomically
 from utils.config import Config, ConfigError, resumable_keys, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
@@ -151,10 +152,7 @@ def prepare_run_folder(out_dir: str | Path) -> None:
 
 def write_config(out_dir: str | Path, config: Config) -> None:
     """The run's config.yaml, replaced atomically: a crash never leaves half of it."""
-    path = Path(out_dir) / "config.yaml"
-    temporary = path.with_name(".config.yaml.tmp")
-    temporary.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomically(Path(out_dir) / "config.yaml", yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def clear_run_folder(out_dir: str | Path) -> None:
