@@ -70,14 +70,14 @@ class CRNN(nn.Module):
     """
 
     def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256,
-                 channels: tuple[int, ...] = VGG_CHANNELS) -> None:
+                 channels: tuple[int, ...] = VGG_CHANNELS, lstm_layers: int = 2) -> None:
         super().__init__()
+        if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 1:
+            raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 1 (an integer; the paper has 2)")
         self.backbone = vgg_backbone(in_channels, tuple(channels))
-        backbone_channels = channels[-1]
-        self.sequence = nn.Sequential(
-            BidirectionalLSTM(backbone_channels, hidden_size, hidden_size),
-            BidirectionalLSTM(hidden_size, hidden_size, num_classes),
-        )
+        sizes = [channels[-1]] + [hidden_size] * (lstm_layers - 1) + [num_classes]
+        self.sequence = nn.Sequential(*(BidirectionalLSTM(inputs, hidden_size, outputs)
+                                        for inputs, outputs in zip(sizes, sizes[1:])))
 
     def forward(self, images: Tensor) -> Tensor:
         # The backbone pools 32 rows down to one, and needs 4 columns to leave one frame.

@@ -142,7 +142,8 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
     forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)
 
     def step_on(batch) -> int:
-        train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format)
+        train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format,
+                   setup.average)
         scheduler.step()
         return len(batch.labels)
 

@@ -18,6 +18,7 @@ from data.synthetic.fonts import find_fonts, plan_fonts
 from data.synthetic.render import RenderPlan, render_sample
 from data.synthetic.text import TextSampler, folds_case
 from tests.conftest import REPO, read_lmdb, run_env
+from training.checkpoint import classifier_keys
 from utils.config import load_config
 
 SCRIPT = REPO / "scripts" / "make_synthetic.py"
@@ -95,8 +96,8 @@ def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
     alphabet = load_alphabet(str(REPO / LATIN_GREEK_CYRILLIC))
     checkpoint = torch.load(run / "last.pt", map_location="cpu", weights_only=True)
     assert checkpoint["alphabet"] == alphabet
-    classifier = checkpoint["model"]["sequence.1.linear.weight"]  # [num_classes, 2 * hidden_size]
-    assert classifier.shape == (len(alphabet) + 1, 64)
+    [weight, _] = classifier_keys(checkpoint["model"], len(alphabet) + 1)
+    assert checkpoint["model"][weight].shape == (len(alphabet) + 1, 64)  # [num_classes, 2 * hidden_size]
 
     plotted = subprocess.run([sys.executable, str(REPO / "scripts" / "plot.py"), str(run)], capture_output=True,
                              text=True, timeout=60)

@@ -64,3 +64,16 @@ def test_channels_set_the_backbone_widths_and_a_wrong_count_is_named():
     assert count_parameters(narrow) < count_parameters(build_model("crnn", 37, 1, 256)) / 2
     with pytest.raises(ValueError, match=r"model.channels: the VGG backbone has 7 convolutions, got 6 widths"):
         build_model("crnn", 37, 1, 256, channels=(32, 64, 128, 128, 256, 256))
+
+
+def test_lstm_layers_sets_how_many_bilstms_read_the_frames():
+    images = torch.randn(2, 1, 32, 100)
+    for layers in (1, 3):
+        model = build_model("crnn", 37, 1, 64, lstm_layers=layers)
+        assert sum(isinstance(module, torch.nn.LSTM) for module in model.modules()) == layers
+        assert model(images).shape == (2, 26, 37)
+        # The last BiLSTM's projection is the classifier; the ones before it project to hidden_size.
+        assert [module.out_features for module in model.modules() if isinstance(module, torch.nn.Linear)] == \
+            [64] * (layers - 1) + [37]
+    with pytest.raises(ValueError, match=r"model.lstm_layers=0: must be at least 1"):
+        build_model("crnn", 37, 1, 64, lstm_layers=0)

@@ -12,7 +12,14 @@ import torch
 
 from data.transforms import ImageTransform, Preprocessing, PreprocessingError
 from tests.conftest import REPO, read_lmdb, run_env, write_images
-from training.checkpoint import LEGACY, load_checkpoint, load_model, read_preprocessing, save_checkpoint
+from training.checkpoint import (
+    LEGACY,
+    classifier_keys,
+    load_checkpoint,
+    load_model,
+    read_preprocessing,
+    save_checkpoint,
+)
 from utils.config import load_config
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
@@ -27,7 +34,7 @@ def recorded(tiny_run, tmp_path_factory) -> Path:
     readings that change with the input."""
     checkpoint = load_checkpoint(tiny_run / "best.pt")
     checkpoint["preprocessing"] = RECORD
-    for key in ("sequence.1.linear.weight", "sequence.1.linear.bias"):
+    for key in classifier_keys(checkpoint["model"], len(checkpoint["alphabet"]) + 1):
         checkpoint["model"][key] = checkpoint["model"][key] * 50
     path = tmp_path_factory.mktemp("recorded") / "best.pt"
     save_checkpoint(path, checkpoint)

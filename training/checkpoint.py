@@ -5,7 +5,8 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
 `torch.load(path, weights_only=True)`:
 
     format          FORMAT (absent: written before the field existed; the same keys otherwise)
-    model           the unwrapped state dict (no `module.` or `_orig_mod.`)
+    model           the unwrapped state dict (no `module.` or `_orig_mod.`): with optim.ema_decay > 0,
+                    the moving average of the weights, which is what validation scored
     step, accuracy  the step it was saved at; its validation accuracy (best.pt), or None
     config          the run's config as a plain dict (utils.config.to_dict)
     alphabet        the characters, in class order (the blank is class 0)
@@ -14,6 +15,8 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     imported_from   only in a checkpoint scripts/import_weights.py made: the source's format and file name
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
+    raw_model, average_updates   with optim.ema_decay > 0: the weights the optimizer steps, and how
+                    many steps the average has taken in
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.transforms import Preprocessing
 from models import model_from_config
+from training.weight_average import WeightAverage
 from utils.config import Config, ConfigError, from_dict, to_dict
 
 FORMAT = 1
@@ -81,11 +85,16 @@ def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preproce
 def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimizer,
                         scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
                         best_accuracy: float, log_window: dict[str, Any], rng: list[dict[str, Any]],
-                        data_sizes: list[int]) -> dict[str, Any]:
-    """`weights` plus everything an exact resume needs."""
-    return {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
-            "data_sizes": data_sizes}
+                        data_sizes: list[int], average: WeightAverage | None = None,
+                        raw_model: nn.Module | None = None) -> dict[str, Any]:
+    """`weights` plus everything an exact resume needs. With a weight `average`, `weights` hold the
+    average, and `raw_model` (then required) is the model the optimizer steps."""
+    checkpoint = {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                  "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
+                  "data_sizes": data_sizes}
+    if average is not None:
+        checkpoint.update(raw_model=raw_model.state_dict(), average_updates=average.updates)
+    return checkpoint
 
 
 def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
@@ -94,8 +103,9 @@ def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
 
 def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                      scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
-                     alphabet: str) -> None:
-    """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume)."""
+                     alphabet: str, average: WeightAverage | None = None) -> None:
+    """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume), and the
+    weight average when the run keeps one. A checkpoint written without an average starts one there."""
     if not is_training_checkpoint(checkpoint):
         raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
                          f"last.pt, or start from these weights with train.init_from")
@@ -103,7 +113,11 @@ def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Mod
         raise ValueError(f"train.resume: {path} was trained with another alphabet ({len(checkpoint.get('alphabet') or '')}"
                          f" characters; data.alphabet has {len(alphabet)}, or another order). To train on "
                          f"these characters, start a new run from its weights: train.init_from={path}")
-    model.load_state_dict(checkpoint["model"], strict=True)
+    averaged = "raw_model" in checkpoint
+    model.load_state_dict(strip_wrapper_prefixes(checkpoint["raw_model"]) if averaged else checkpoint["model"],
+                          strict=True)
+    if average is not None and averaged:
+        average.load_state_dict({"model": checkpoint["model"], "updates": checkpoint["average_updates"]})
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
     scaler.load_state_dict(checkpoint["scaler"])

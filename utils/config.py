@@ -92,6 +92,8 @@ class OptimConfig:
     schedule: str = "cosine"  # cosine | constant (after warm-up)
     min_lr_ratio: float = 0.05  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 5.0  # max global gradient norm; 0 disables clipping
+    # Validate and save an exponential moving average of the weights with this decay per step; 0: off
+    ema_decay: float = 0.0
 
 
 @dataclass
@@ -340,6 +342,7 @@ def validate(config: Config) -> None:
         "optim.warmup_steps": (config.optim.warmup_steps, 0, math.inf),
         "optim.min_lr_ratio": (config.optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
         "optim.grad_clip": (config.optim.grad_clip, 0, math.inf),
+        "optim.ema_decay": (config.optim.ema_decay, 0, math.inf),
     }
     ranges.update({f"data.mean[{i}]": (value, -1e3, 1e3) for i, value in enumerate(config.data.mean)})
     ranges.update({f"data.std[{i}]": (value, 1e-6, 1e3) for i, value in enumerate(config.data.std)})
@@ -353,6 +356,9 @@ def validate(config: Config) -> None:
     for key, values in (("data.mean", config.data.mean), ("data.std", config.data.std)):
         if len(values) not in (1, config.model.in_channels):
             raise ConfigError(f"{key}={values}: give 1 value, or one per channel ({config.model.in_channels})")
+    if config.optim.ema_decay >= 1:  # the range check above has seen it is at least 0
+        raise ConfigError(f"optim.ema_decay={config.optim.ema_decay}: must be below 1 (the average would never "
+                          f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps")
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
     ratios = config.data.train_ratios
