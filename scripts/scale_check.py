@@ -120,7 +120,9 @@ def memory_mb(pid: int) -> dict[str, float]:
 def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> list[dict]:
     """Memory of every training process and worker when the run's metrics first reach each step in
     `checkpoints`; the run is stopped after the last (its schedule runs on, so nothing is ending then)."""
-    out_dir, beyond = work / "memory", 2 * checkpoints[-1]
+    # The schedule runs far beyond the last snapshot: a small model reaches twice its step between two
+    # polls, and a run that is ending takes its workers away while they are being measured.
+    out_dir, beyond = work / "memory", 100 * checkpoints[-1]
     command = train_command(2, big, val, work / "cache2", out_dir, f"train.max_steps={beyond}", "train.log_every=10",
                             f"train.eval_every={beyond}", f"train.save_every={beyond}", *SMALL_MODEL)
     agent = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -98,7 +98,8 @@ def test_checkpoint_loads_in_a_fresh_cpu_process_strict_and_weights_only(ddp_run
 import torch
 from models import build_model
 checkpoint = torch.load({str(ddp_run / 'best.pt')!r}, map_location='cpu', weights_only=True)
-model = build_model('crnn', len(checkpoint['alphabet']) + 1, 1, 256, channels=checkpoint['config']['model']['channels'])
+settings = {{key: value for key, value in checkpoint['config']['model'].items() if key != 'sync_bn'}}
+model = build_model(num_classes=len(checkpoint['alphabet']) + 1, **settings)  # as the README loads it
 model.load_state_dict(checkpoint['model'], strict=True)
 print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
 from training.checkpoint import load_model

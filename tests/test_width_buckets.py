@@ -62,9 +62,11 @@ def test_the_eval_loader_batches_by_width_and_keeps_every_sample(synth):
 
 @pytest.fixture(scope="module")
 def keep_aspect_checkpoint(tiny_run, tmp_path_factory):
-    """tiny_run's weights under a config that keeps the aspect ratio (the CRNN takes any width)."""
+    """tiny_run's weights under a config and a preprocessing record that keep the aspect ratio, at
+    most 100 pixels wide (the CRNN takes any width). The record is what eval.sh applies."""
     checkpoint = load_checkpoint(tiny_run / "best.pt")
-    checkpoint["config"]["data"]["keep_aspect"] = True
+    checkpoint["config"]["data"].update(keep_aspect=True, img_width=100)
+    checkpoint["preprocessing"].update(keep_aspect=True, width=100)
     path = tmp_path_factory.mktemp("keep_aspect") / "best.pt"
     save_checkpoint(path, checkpoint)
     return path
