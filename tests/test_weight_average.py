@@ -46,7 +46,7 @@ def test_the_average_copies_first_then_follows_with_the_warmed_up_decay():
     assert not average.model.training
 
     restored = WeightAverage(model, decay=0.5)
-    restored.load_state_dict(average.state_dict())
+    restored.load(average.model.state_dict(), average.updates)
     assert restored.updates == 4
     torch.testing.assert_close(restored.model.state_dict(), averaged, rtol=0, atol=0)
 

@@ -114,10 +114,9 @@ def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Mod
                          f" characters; data.alphabet has {len(alphabet)}, or another order). To train on "
                          f"these characters, start a new run from its weights: train.init_from={path}")
     averaged = "raw_model" in checkpoint
-    model.load_state_dict(strip_wrapper_prefixes(checkpoint["raw_model"]) if averaged else checkpoint["model"],
-                          strict=True)
+    model.load_state_dict(checkpoint["raw_model"] if averaged else checkpoint["model"], strict=True)
     if average is not None and averaged:
-        average.load_state_dict({"model": checkpoint["model"], "updates": checkpoint["average_updates"]})
+        average.load(checkpoint["model"], checkpoint["average_updates"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
     scaler.load_state_dict(checkpoint["scaler"])
@@ -164,7 +163,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if not checkpoint or not all(isinstance(value, torch.Tensor) for value in checkpoint.values()):
             raise ValueError(f"{path}: neither a checkpoint of this project (no 'model' key) nor a state dict")
         checkpoint = {"model": checkpoint}
-    checkpoint["model"] = strip_wrapper_prefixes(checkpoint["model"])
+    for key in ("model", "raw_model"):
+        if key in checkpoint:
+            checkpoint[key] = strip_wrapper_prefixes(checkpoint[key])
     return checkpoint
 
 

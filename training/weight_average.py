@@ -3,7 +3,6 @@ saves in place of the weights the optimizer steps, which keep moving with each b
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,9 +33,7 @@ class WeightAverage:
             if not average.is_floating_point():  # BatchNorm's num_batches_tracked
                 average.copy_(tensor)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"], strict=True)
-        self.updates = state["updates"]
+    def load(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Continue from a checkpoint's average (its `model`) after `updates` steps (`average_updates`)."""
+        self.model.load_state_dict(weights, strict=True)
+        self.updates = updates
