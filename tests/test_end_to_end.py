@@ -64,10 +64,12 @@ def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(dd
          "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
          f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.compile=true"])
     compiled, eager = logged_losses(out_dir), logged_losses(ddp_run)
-    # Step 1 runs both on the same weights, step 2 after one update: fused kernels only sum in another
-    # order. Later steps drift further, because Adam's first updates are about lr * sign(gradient), and
-    # the sign of a near-zero gradient is float noise (1.7e-3 by step 4 on an AVX-512 CPU, in fp32).
-    assert compiled[:2] == pytest.approx(eager[:2], rel=1e-5)
+    # Step 1 runs both on the same weights: fused kernels only sum in another order. Later steps drift,
+    # because Adam's first updates are about lr * sign(gradient), and the sign of a near-zero gradient
+    # is float noise: 1.9e-5 at step 2 with hidden size 320 and the font packages' data, 1.7e-3 by step 4
+    # (an AVX-512 CPU, fp32).
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-5)
+    assert compiled[1] == pytest.approx(eager[1], rel=1e-4)
     assert compiled == pytest.approx(eager, rel=2e-2)
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["model"].keys() == torch.load(ddp_run / "last.pt", weights_only=True)["model"].keys()
