@@ -386,8 +386,8 @@ def validate_and_keep_best(config: Config, env: DistEnv, setup: Setup, val_loade
     for dataset, loader in zip(setup.val_sets, val_loaders):
         counts = evaluate(model, loader, setup.codec, env, setup.precision, config.train.channels_last)
         results[dataset.root] = {**summarize(counts), "undecodable_images": counts["dropped"]}
-    total = sum(r["samples"] for r in results.values())
-    accuracy = sum(r["accuracy"] * r["samples"] for r in results.values()) / max(total, 1)
+    total = sum(r["scored"] for r in results.values())
+    accuracy = sum(r["accuracy"] * r["scored"] for r in results.values()) / max(total, 1)
     for root, result in results.items():
         log.info(f"step {state.step} val {root}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                              for k, v in result.items()))

@@ -4,6 +4,8 @@ Class 0 is the CTC blank; the alphabet's characters are classes 1..N, in the ord
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -14,6 +16,29 @@ def ctc_min_frames(text: str) -> int:
     """Frames CTC needs to emit `text`: one per character plus a blank between each repeated pair."""
     repeats = sum(1 for a, b in zip(text, text[1:]) if a == b)
     return len(text) + repeats
+
+
+def word_confidence(char_probs: tuple[float, ...]) -> float:
+    """How sure a reading is: its least certain character's probability (docTR's rule).
+
+    The minimum, not the product, because a product falls with length alone, so a long word read
+    right ranks below a short one read wrong; and an empty reading gets 0, not the 1.0 of a product
+    over no characters: a crop holds text, so reading none is a failure, never a certainty.
+    docs/evaluation.md measures how well it separates right readings from wrong ones.
+    """
+    return min(char_probs, default=0.0)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A decoded text, and the probability of each of its characters."""
+
+    text: str
+    char_probs: tuple[float, ...]
+
+    @property
+    def confidence(self) -> float:
+        return word_confidence(self.char_probs)
 
 
 class CTCCodec:
@@ -45,28 +70,22 @@ class CTCCodec:
         flat = [self.index[char] for label in labels for char in label]
         return torch.tensor(flat, dtype=torch.long), torch.tensor([len(l) for l in labels], dtype=torch.long)
 
-    def decode(self, logits: Tensor) -> list[tuple[str, float]]:
+    def decode(self, logits: Tensor) -> list[Reading]:
         """Greedy CTC decoding of `[B, T, C]` logits: collapse repeats, drop blanks.
 
-        The confidence of a word is the product, over the characters emitted, of the highest
-        probability in the frames that emitted each one (1.0 for an empty prediction).
+        A character's probability is the highest one in the frames that emitted it.
         """
         probs, classes = logits.detach().float().softmax(-1).max(-1)  # [B, T] each
         probs, classes = probs.cpu().tolist(), classes.cpu().tolist()
-        results = []
+        readings = []
         for frame_probs, frame_classes in zip(probs, classes):
-            chars, confidence, previous, run_prob = [], 1.0, 0, 0.0
+            chars, char_probs, previous = [], [], 0
             for prob, cls in zip(frame_probs, frame_classes):
-                if cls != previous:
-                    if previous != 0:
-                        confidence *= run_prob
-                    if cls != 0:
-                        chars.append(self.alphabet[cls - 1])
-                    run_prob = prob
-                else:
-                    run_prob = max(run_prob, prob)
+                if cls != 0 and cls != previous:
+                    chars.append(self.alphabet[cls - 1])
+                    char_probs.append(prob)
+                elif cls != 0:
+                    char_probs[-1] = max(char_probs[-1], prob)
                 previous = cls
-            if previous != 0:
-                confidence *= run_prob
-            results.append(("".join(chars), confidence))
-        return results
+            readings.append(Reading("".join(chars), tuple(char_probs)))
+        return readings

@@ -74,11 +74,11 @@ def compare_readings(reader: Any, model: nn.Module, codec: CTCCodec, transform: 
     for name, image_bytes in images:
         image = transform.decode(image_bytes)  # 8-bit grey: the same pixels for both
         pixels = np.asarray(image)
-        [(ours, our_confidence)] = read_images(model, codec, [transform.to_tensor(image)], torch.device("cpu"))
+        [ours] = read_images(model, [transform.to_tensor(image)], torch.device("cpu"), codec.decode)
         found = reader.recognize(pixels, decoder="greedy", batch_size=1, detail=1,
                                  contrast_ths=EASYOCR_CONTRAST_THRESHOLD if contrast_pass else 0.0)
         theirs, their_confidence = (found[0][1], float(found[0][2])) if found else ("", 0.0)
-        records.append({"image": name, "ours": ours, "our_confidence": our_confidence, "easyocr": theirs,
+        records.append({"image": name, "ours": ours.text, "our_confidence": ours.confidence, "easyocr": theirs,
                         "easyocr_confidence": their_confidence})
     return records
 

@@ -8,9 +8,10 @@ from PIL import Image
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from data.codec import CTCCodec
+from data.codec import CTCCodec, Reading
 from data.lmdb_dataset import Batch, LmdbDataset
 from data.transforms import pad_right
+from evaluation.decoders import Decoder
 from evaluation.metrics import counts_to_tensor, new_counts, tensor_to_counts, update_counts
 from models.losses import ctc_losses
 from utils.distributed import DistEnv, all_reduce_sum
@@ -19,15 +20,17 @@ from utils.precision import autocast
 
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv, precision: str,
-             channels_last: bool = False,
-             on_batch: Callable[[Batch, list[str], list[float]], None] | None = None) -> dict[str, int]:
+             channels_last: bool = False, on_batch: Callable[[Batch, list[Reading]], None] | None = None,
+             decode: Decoder | None = None) -> dict[str, int]:
     """Metric sums over the whole dataset behind `loader`, identical on every rank.
 
     `model` must be the unwrapped module: a forward through DDP would start collectives that ranks
     with shards of different lengths cannot all join. Undecodable images are counted in `dropped`.
-    `on_batch(batch, predictions, confidences)`, if given, sees this rank's predictions batch by batch
-    (scripts/eval.py keeps them for --dump and --errors).
+    `on_batch(batch, readings)`, if given, sees this rank's readings batch by batch (scripts/eval.py keeps
+    them for --dump, --errors and the accuracy by confidence). `decode` is greedy by default
+    (evaluation/decoders.py).
     """
+    decode = decode or codec.decode
     was_training = model.training
     model.eval()
     counts = new_counts()
@@ -40,11 +43,12 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
         images = batch.images.to(env.device, non_blocking=True, memory_format=memory_format)
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
-        predictions, confidences = map(list, zip(*codec.decode(logits)))
+        readings = decode(logits)
         losses, _ = ctc_losses(logits, batch.targets, batch.target_lengths, count_infinite=False)
-        update_counts(counts, predictions, batch.labels, confidences, losses.tolist(), codec.alphabet)
+        update_counts(counts, [reading.text for reading in readings], batch.labels,
+                      [reading.confidence for reading in readings], losses.tolist(), codec.alphabet)
         if on_batch is not None:
-            on_batch(batch, predictions, confidences)
+            on_batch(batch, readings)
     model.train(was_training)
     totals = counts_to_tensor(counts)
     totals = all_reduce_sum(torch.cat([totals, torch.tensor([dropped])]))
@@ -65,24 +69,25 @@ def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, devi
     if samples:
         width = max(image.shape[-1] for image, _ in samples)
         logits = model(torch.stack([pad_right(image, width) for image, _ in samples]).to(device))
-        for (image, label), (text, confidence) in zip(samples, codec.decode(logits)):
-            cells.append((dataset.transform.to_image(image), [(f"label: {label}", "black"),
-                                                   (f"read: {text}  ({confidence:.2f})", "black" if text == label else "firebrick")]))
+        for (image, label), reading in zip(samples, codec.decode(logits)):
+            cells.append((dataset.transform.to_image(image), [
+                (f"label: {label}", "black"),
+                (f"read: {reading.text}  ({reading.confidence:.2f})", "black" if reading.text == label else "firebrick")]))
     model.train(was_training)
     return cells
 
 
 @torch.inference_mode()
-def read_images(model: nn.Module, codec: CTCCodec, images: list[Tensor], device: torch.device) -> list[tuple[str, float]]:
-    """(text, confidence) for each `[C, H, W]` model input, in order. Images of one width run as one batch,
+def read_images(model: nn.Module, images: list[Tensor], device: torch.device, decode: Decoder) -> list[Reading]:
+    """The reading of each `[C, H, W]` model input, in order. Images of one width run as one batch,
     so a reading never depends on which other images came with it (a keep_aspect transform with a
     width step makes several widths)."""
-    results: list[tuple[str, float] | None] = [None] * len(images)
+    results: list[Reading | None] = [None] * len(images)
     by_width: dict[int, list[int]] = {}
     for position, image in enumerate(images):
         by_width.setdefault(image.shape[-1], []).append(position)
     for positions in by_width.values():
         logits = model(torch.stack([images[position] for position in positions]).to(device))
-        for position, reading in zip(positions, codec.decode(logits)):
+        for position, reading in zip(positions, decode(logits)):
             results[position] = reading
     return results

@@ -1,24 +1,32 @@
 """Recognition metrics as sums, so that shards from several processes add up exactly.
 
-Every string metric is counted under each of three metric modes, which say which differences between
+Every string metric is counted under each of four metric modes, which say which differences between
 a prediction and its label count as errors:
 
+- `benchmark`: the field's protocol for English scene-text benchmarks, as deep-text-recognition-benchmark's
+  test.py and parseq's CharsetAdapter apply it: both lowercased, every character outside `[0-9a-z]`
+  deleted from both, then an exact match. Whatever the model's alphabet: `CHANNEL_` reads `CHANNEL`,
+  `41 KM` reads `41KM`.
 - `exact`: every difference.
 - `ignore_case`: both lowercased first.
 - `ignore_case_symbols`: both lowercased, then every character dropped that is neither alphanumeric
-  (`str.isalnum`, so letters and digits of any script) nor one of the model's own alphabet: the
-  benchmark protocol for 36-class (lowercase alphanumeric) models, which never drops a character the
-  model can emit.
+  (`str.isalnum`, so letters and digits of any script) nor one of the model's own alphabet: for
+  alphabets beyond `[0-9a-z]` (accented Latin, Greek, CJK), where `benchmark` would delete the text itself.
+
+A sample whose label is empty in a mode's compared form (a label of symbols only, under `benchmark`)
+cannot be read right or wrong there: it is left out of that mode's figures and counted (`scored_<mode>`).
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import editdistance
 import torch
 from torch import Tensor
 
-METRIC_MODES = ("exact", "ignore_case", "ignore_case_symbols")
+METRIC_MODES = ("benchmark", "exact", "ignore_case", "ignore_case_symbols")
+OUTSIDE_BENCHMARK_CHARSET = re.compile("[^0-9a-z]")
 
 # Per-sample 1-NED, confidence and loss are summed in fixed point (units of 1e-9) as integers: integer
 # sums do not depend on the order of addition, so the result is identical for any number of processes
@@ -27,7 +35,7 @@ NED_SCALE = 10**9
 
 # Sums kept once per mode, as `<key>_<mode>`: matched characters are those of a longest common
 # subsequence of prediction and label (characters read, in the right order).
-MODE_KEYS = ("correct", "edit_distance", "label_chars", "pred_chars", "matched_chars", "ned_fixed")
+MODE_KEYS = ("scored", "correct", "edit_distance", "label_chars", "pred_chars", "matched_chars", "ned_fixed")
 COUNT_KEYS = ("samples", "confidence_fixed", "loss_fixed",
               *(f"{key}_{mode}" for mode in METRIC_MODES for key in MODE_KEYS))
 
@@ -43,6 +51,8 @@ def compared_form(text: str, mode: str, alphabet: str = "") -> str:
     text = text.lower()
     if mode == "ignore_case":
         return text
+    if mode == "benchmark":
+        return OUTSIDE_BENCHMARK_CHARSET.sub("", text)
     if mode != "ignore_case_symbols":
         raise ValueError(f"unknown metric mode {mode!r}; choose one of {', '.join(METRIC_MODES)}")
     kept = alphabet_characters(alphabet)
@@ -84,15 +94,17 @@ def update_counts(counts: dict[str, int], predictions: list[str], labels: list[s
         counts["loss_fixed"] += round(NED_SCALE * loss)
         for mode in METRIC_MODES:
             predicted, truth = compared_form(prediction, mode, alphabet), compared_form(label, mode, alphabet)
+            if not truth:
+                continue
             distance = editdistance.eval(predicted, truth)
+            counts[f"scored_{mode}"] += 1
             counts[f"correct_{mode}"] += predicted == truth
             counts[f"edit_distance_{mode}"] += distance
             counts[f"label_chars_{mode}"] += len(truth)
             counts[f"pred_chars_{mode}"] += len(predicted)
             counts[f"matched_chars_{mode}"] += lcs_length(predicted, truth)
             # 1 - normalised edit distance (ICDAR 2019): distance over the longer of the two strings.
-            longer = max(len(predicted), len(truth))
-            counts[f"ned_fixed_{mode}"] += round(NED_SCALE * (1 - distance / longer)) if longer else NED_SCALE
+            counts[f"ned_fixed_{mode}"] += round(NED_SCALE * (1 - distance / max(len(predicted), len(truth))))
 
 
 def counts_to_tensor(counts: dict[str, int]) -> Tensor:
@@ -105,19 +117,21 @@ def tensor_to_counts(tensor: Tensor) -> dict[str, int]:
 
 def summarize(counts: dict[str, int], mode: str = "exact") -> dict[str, float | int]:
     """The metrics of `counts`: word accuracy in every mode, and accuracy, 1-NED, character precision
-    and recall and CER under `mode` (training validation uses `exact`, what the model is trained for)."""
+    and recall and CER under `mode` (training validation uses `exact`, what the model is trained for).
+    `samples` counts every sample read, `scored` those `mode` scores (see the module's docstring)."""
     if mode not in METRIC_MODES:
         raise ValueError(f"unknown metric mode {mode!r}; choose one of {', '.join(METRIC_MODES)}")
 
     def ratio(numerator: int, denominator: int) -> float:
         return numerator / denominator if denominator else 0.0
 
-    samples = counts["samples"]
+    samples, scored = counts["samples"], counts[f"scored_{mode}"]
     return {
         "samples": samples,
-        "accuracy": ratio(counts[f"correct_{mode}"], samples),
-        **{f"accuracy_{each}": ratio(counts[f"correct_{each}"], samples) for each in METRIC_MODES},
-        "one_minus_ned": ratio(counts[f"ned_fixed_{mode}"], samples) / NED_SCALE,
+        "scored": scored,
+        "accuracy": ratio(counts[f"correct_{mode}"], scored),
+        **{f"accuracy_{each}": ratio(counts[f"correct_{each}"], counts[f"scored_{each}"]) for each in METRIC_MODES},
+        "one_minus_ned": ratio(counts[f"ned_fixed_{mode}"], scored) / NED_SCALE,
         "char_precision": ratio(counts[f"matched_chars_{mode}"], counts[f"pred_chars_{mode}"]),
         "char_recall": ratio(counts[f"matched_chars_{mode}"], counts[f"label_chars_{mode}"]),
         "cer": ratio(counts[f"edit_distance_{mode}"], counts[f"label_chars_{mode}"]),

@@ -3,12 +3,15 @@
     scripts/eval.sh runs/crnn/best.pt datasets/synth/val [more LMDBs ...] [--json results.json]
     NPROC=2 scripts/eval.sh runs/crnn/best.pt datasets/synth/val      # 2 processes, same numbers
     scripts/eval.sh best.pt benchmarks/*/ --dump predictions.tsv --errors misreads.png
+    scripts/eval.sh best.pt benchmarks/*/ --decoder lexicon --lexicon data/words/english.txt
 
 Every sample is evaluated exactly once whatever the number of processes, and the metrics are sums
 of integers, so the results do not depend on NPROC or the batch size. A checkpoint trained with
 data.keep_aspect is evaluated in batches of one padded width (data.eval_width_step). Folders named after a standard
 benchmark (IIIT5k_3000, SVT, ..., in any case) are shown under its conventional name, first, in the
-conventional order.
+conventional order. The default metric mode, `benchmark`, is the field's protocol (evaluation/metrics.py).
+Below the table: the accuracy of the most confident 50, 80 and 95 % of the readings of each set, which
+says how far the word confidence can be trusted to pick the readings worth keeping.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
 from data.transforms import build_transform
+from data.codec import Reading
+from evaluation.decoders import DECODERS, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
 from evaluation.visualize import caption_grid
@@ -44,12 +49,14 @@ BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_10
               "SVTP", "CUTE80")
 COMBINED = "combined (weighted by samples)"
 MODE_HELP = {
+    "benchmark": "the benchmark protocol (lowercase, only [0-9a-z] kept on both sides, exact match)",
     "exact": "prediction and label compared as they are",
     "ignore_case": "prediction and label compared lowercased",
     "ignore_case_symbols": "case-insensitive alphanumeric, the benchmark protocol for 36-class models"
                            " (symbols the alphabet holds are compared too)",
 }
-DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct")
+DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct", "char_probs")
+COVERAGES = (0.5, 0.8, 0.95)  # the most confident shares of the readings whose accuracy is printed
 
 
 def positive_int(text: str) -> int:
@@ -65,9 +72,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--metric-mode", default="ignore_case_symbols", choices=METRIC_MODES,
+    parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
                         help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
-                             " correct column and --errors (default ignore_case_symbols, the benchmark protocol)")
+                             " correct column and --errors (default benchmark, the field's protocol)")
+    parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
+    parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
+    parser.add_argument("--beam-size", type=positive_int, default=10, metavar="N", help="--decoder beam's beam (10)")
     parser.add_argument("--dump", type=Path, metavar="PATH.tsv", help="write every prediction to this TSV file")
     parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
     parser.add_argument("--errors-count", type=positive_int, default=32, metavar="N",
@@ -138,14 +148,14 @@ class CollateWithIndices(CollateBatch):
 
 
 def format_row(name: str, width: int, metrics: dict, in_lmdb: int) -> str:
-    return (f"{name:<{width}} {metrics['samples']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
+    return (f"{name:<{width}} {metrics['scored']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
             f" {metrics['one_minus_ned']:>7.4f} {100 * metrics['char_precision']:>8.2f}"
             f" {100 * metrics['char_recall']:>8.2f} {100 * metrics['cer']:>7.2f} {metrics['mean_confidence']:>6.3f}")
 
 
-def print_table(sets: list[dict], combined: dict, mode: str) -> None:
+def print_table(sets: list[dict], combined: dict, mode: str, decoder: str) -> None:
     width = max(len(COMBINED), *(len(row["name"]) for row in sets))
-    print(f"metric mode {mode}: {MODE_HELP[mode]}")
+    print(f"metric mode {mode}: {MODE_HELP[mode]}; decoder {decoder}")
     print(f"{'set':<{width}} {'evaluated':>9} {'in LMDB':>8} {'acc %':>7} {'1-NED':>7} {'char P %':>8} {'char R %':>8}"
           f" {'CER %':>7} {'conf':>6}")
     for row in sets:
@@ -156,11 +166,33 @@ def print_table(sets: list[dict], combined: dict, mode: str) -> None:
             reasons.append(("undecodable image", row["undecodable_images"]))
             print(f"{'':<4}{skipped} of {row['in_lmdb']} not evaluated: "
                   + ", ".join(f"{n} {reason}" for reason, n in reasons if n))
+        if row["samples"] > row["scored"]:
+            print(f"{'':<4}{row['samples'] - row['scored']} of {row['in_lmdb']} left out: label empty under {mode}")
         if row["labels_shortened"]:
             print(f"{'':<4}{row['labels_shortened']} labels scored without their characters outside the alphabet")
     print(format_row(COMBINED, width, combined, combined["in_lmdb"]))
     print("accuracy % by metric mode, combined: "
           + ", ".join(f"{each} {100 * combined[f'accuracy_{each}']:.2f}" for each in METRIC_MODES))
+    print("accuracy % of the most confident readings: "
+          + "; ".join(f"{row['name']} " + ", ".join(f"{share} {100 * accuracy:.2f}" for share, accuracy in
+                                                    row["accuracy_by_confidence"].items())
+                      for row in [*sets, {"name": "combined", **combined}]))
+
+
+def accuracy_by_confidence(scored: list[tuple[float, bool]]) -> dict[str, float]:
+    """The accuracy of the most confident 50, 80 and 95 % of `scored` (confidence, correct) readings."""
+    ranked = sorted(scored, key=lambda pair: -pair[0])  # stable: ties keep the set's LMDB-index order
+    shares = {}
+    for coverage in COVERAGES:
+        kept = ranked[:max(1, round(coverage * len(ranked)))]
+        shares[f"{round(100 * coverage)}%"] = sum(correct for _, correct in kept) / len(kept) if ranked else 0.0
+    return shares
+
+
+def is_correct(prediction: str, label: str, mode: str, alphabet: str) -> bool | None:
+    """Whether `prediction` reads `label` under `mode`; None when `mode` leaves the sample out (empty label)."""
+    truth = compared_form(label, mode, alphabet)
+    return compared_form(prediction, mode, alphabet) == truth if truth else None
 
 
 def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str) -> None:
@@ -169,18 +201,20 @@ def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mod
         writer = csv.writer(file, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
         writer.writerow(DUMP_COLUMNS)
         for row, records in zip(sets, predictions):
-            for index, label, prediction, confidence in records:
-                correct = compared_form(prediction, mode, alphabet) == compared_form(label, mode, alphabet)
-                writer.writerow([row["name"], index, label, prediction, f"{confidence:.4f}", int(correct)])
+            for index, label, reading in records:
+                correct = is_correct(reading.text, label, mode, alphabet)
+                writer.writerow([row["name"], index, label, reading.text, f"{reading.confidence:.4f}",
+                                 "" if correct is None else int(correct),
+                                 " ".join(f"{prob:.4f}" for prob in reading.char_probs)])
 
 
 def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str,
                 count: int) -> int:
     """A grid of the `count` most confident misreads under `mode` (the most misleading ones); returns how many."""
-    misreads = [(-confidence, position, index, label, prediction)
+    misreads = [(-reading.confidence, position, index, label, reading.text)
                 for position, records in enumerate(predictions)
-                for index, label, prediction, confidence in records
-                if compared_form(prediction, mode, alphabet) != compared_form(label, mode, alphabet)]
+                for index, label, reading in records
+                if is_correct(reading.text, label, mode, alphabet) is False]
     misreads = sorted(misreads)[:count]
     cells = []
     for negative_confidence, position, index, label, prediction in misreads:
@@ -204,8 +238,9 @@ def main() -> None:
         transform = build_transform(config, preprocessing)
         frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
+        decode = build_decoder(args.decoder, codec, args.lexicon, args.beam_size)
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
-        sets, combined, predictions = [], new_counts(), []
+        sets, combined, predictions, scored = [], new_counts(), [], []
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
@@ -213,15 +248,22 @@ def main() -> None:
                                   index_cache=index_cache)
             loader = build_eval_loader(IndexedSamples(dataset), codec, args.batch_size, args.workers, env,
                                        CollateWithIndices(codec, transform.output_shape))
-            records = []  # (LMDB index, label, prediction, confidence) of this process's shard
+            records = []  # (LMDB index, label, reading) of this process's shard, for --dump and --errors
+            confidences = []  # (LMDB index, confidence, correct) of the samples args.metric_mode scores
 
-            def keep(batch: Batch, texts: list[str], confidences: list[float]) -> None:
-                records.extend(zip(batch.indices, batch.labels, texts, confidences))
+            def keep(batch: Batch, readings: list[Reading]) -> None:
+                for index, label, reading in zip(batch.indices, batch.labels, readings):
+                    correct = is_correct(reading.text, label, args.metric_mode, codec.alphabet)
+                    if correct is not None:
+                        confidences.append((index, reading.confidence, correct))
+                if keep_predictions:
+                    records.extend(zip(batch.indices, batch.labels, readings))
 
-            counts = evaluate(model, loader, codec, env, precision, on_batch=keep if keep_predictions else None)
+            counts = evaluate(model, loader, codec, env, precision, on_batch=keep, decode=decode)
             for key in COUNT_KEYS:
                 combined[key] += counts[key]
             predictions.append(records)
+            scored.append(confidences)
             sets.append({"name": name, "path": str(root), **summarize(counts, args.metric_mode),
                          "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
                          "labels_shortened": dataset.report.shortened,
@@ -229,15 +271,23 @@ def main() -> None:
         seconds = time.perf_counter() - start
         # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
         shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
+        scored_shards = gather_objects(scored, env.cpu_group)
         if env.is_main:
             in_lmdb = sum(row["in_lmdb"] for row in sets)
-            results = {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "sets": sets,
-                       "combined": {**summarize(combined, args.metric_mode), "in_lmdb": in_lmdb}}
-            print_table(sets, results["combined"], args.metric_mode)
+            by_set = [sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
+                      for position in range(len(sets))]
+            for row, pairs in zip(sets, by_set):
+                row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
+            results = {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "decoder": args.decoder,
+                       "sets": sets, "combined": {
+                           **summarize(combined, args.metric_mode), "in_lmdb": in_lmdb,
+                           "accuracy_by_confidence": accuracy_by_confidence(
+                               [pair[1:] for pairs in by_set for pair in pairs])}}
+            print_table(sets, results["combined"], args.metric_mode, args.decoder)
             print(f"{results['combined']['samples'] / seconds:.0f} images/s on {env.world_size} process(es),"
                   f" {env.device.type}")
             if keep_predictions:  # each set's records from every process, in LMDB-index order
-                merged = [sorted(record for shard in shards for record in shard[position])
+                merged = [sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
                           for position in range(len(sets))]
             if args.dump:
                 write_dump(args.dump, sets, merged, args.metric_mode, codec.alphabet)

@@ -1,16 +1,18 @@
-"""Read the text in image files with a trained checkpoint: one `path<TAB>text<TAB>confidence` line each.
+"""Read the text in image files with a trained checkpoint: one `path<TAB>text<TAB>confidence<TAB>char_probs` line each.
 
     python scripts/predict.py runs/crnn/best.pt word.png                    # one image
     python scripts/predict.py runs/crnn/best.pt scans/ a.jpg b.png          # a folder's image files, and files
     python scripts/predict.py runs/crnn/best.pt 'scans/**/*.png' --device cuda:0 --batch-size 256   # a glob
+    python scripts/predict.py runs/crnn/best.pt words/ --decoder lexicon --lexicon data/words/english.txt
 
 The model, alphabet and preprocessing (size, colour, resize filter, normalisation) come from the checkpoint; a
 checkpoint trained with data.keep_aspect pads each image only to the next multiple of its data.eval_width_step,
 as eval.sh does, and images of one width are read together, so --batch-size never changes a reading. A
 folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
-The confidence is the product, over the characters read, of each one's highest frame probability
-(1.0000 for an empty text). An image that cannot be decoded is named on stderr and skipped; the others
-are still printed, and the exit status is then 1.
+`char_probs` holds each character's probability, space-separated (the highest in the frames that
+emitted it); the word's confidence is the lowest of them, 0 for an empty text (data.codec.word_confidence;
+docs/evaluation.md measures it). `--decoder beam|lexicon` reads with evaluation/decoders.py. An image that
+cannot be decoded is named on stderr and skipped; the others are still printed, and the exit status is then 1.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from torch import Tensor
 
 from data.image_files import image_paths
 from data.transforms import ImageTransform
+from evaluation.decoders import DECODERS, Decoder, build_decoder
 from evaluation.evaluate import read_images
 from training.checkpoint import load_model
 from utils import cli
@@ -37,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda:N")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
+    parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
+    parser.add_argument("--beam-size", type=int, default=10, help="--decoder beam's beam (default 10)")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -71,10 +77,11 @@ def read_image(path: str, transform: ImageTransform) -> Tensor | None:
 
 
 @torch.inference_mode()
-def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None
-            ) -> int:
+def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None,
+            decoder: str = "greedy", lexicon: Path | None = None, beam_size: int = 10) -> int:
     """Print one line per decodable image of `paths`; return how many could not be decoded."""
     model, codec, config, preprocessing = load_model(checkpoint, device, config)
+    decode: Decoder = build_decoder(decoder, codec, lexicon, beam_size)
     transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     undecodable = 0
     for start in range(0, len(paths), batch_size):
@@ -83,9 +90,10 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
         undecodable += len(decoded) - len(readable)
         if not readable:
             continue
-        readings = read_images(model, codec, [image for _, image in readable], device)
-        for (path, _), (text, confidence) in zip(readable, readings):
-            print(f"{path}\t{text}\t{confidence:.4f}")
+        readings = read_images(model, [image for _, image in readable], device, decode)
+        for (path, _), reading in zip(readable, readings):
+            char_probs = " ".join(f"{prob:.4f}" for prob in reading.char_probs)
+            print(f"{path}\t{reading.text}\t{reading.confidence:.4f}\t{char_probs}")
         sys.stdout.flush()  # lines appear batch by batch when piped
     return undecodable
 
@@ -95,7 +103,8 @@ def main() -> int:
     paths = image_paths(args.inputs)
     device = resolve_device(args.device)
     config = load_config(args.config, []) if args.config else None
-    undecodable = predict(paths, args.checkpoint, device, args.batch_size, config)
+    undecodable = predict(paths, args.checkpoint, device, args.batch_size, config, args.decoder, args.lexicon,
+                          args.beam_size)
     if undecodable:
         print(f"{undecodable} of {len(paths)} images could not be decoded and were skipped", file=sys.stderr)
     return 1 if undecodable else 0

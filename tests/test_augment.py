@@ -91,7 +91,8 @@ def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_
                             cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     read = [line.split("\t") for line in result.stdout.splitlines()]
-    assert [float(confidence) for _, _, confidence in read] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+    assert [float(confidence) for _, _, confidence, _ in read] == pytest.approx([r.confidence for r in expected],
+                                                                                 abs=1.5e-4)
 
     dumps = {}
     for name, checkpoint in (("augmented", strongly_augmented), ("plain", strongly_augmented.parent / "plain.pt")):

@@ -26,15 +26,27 @@ def test_greedy_decode_collapses_repeats_and_drops_blanks():
     codec = CTCCodec("abc")
     # a a - b - b b - c  ->  "abbc": a blank separates the two b's, so both survive.
     logits = one_hot_logits([1, 1, 0, 2, 0, 2, 2, 0, 3], codec.num_classes)
-    [(text, confidence)] = codec.decode(logits)
-    assert text == "abbc"
+    [reading] = codec.decode(logits)
+    assert reading.text == "abbc"
     p = torch.softmax(logits[0, 0], -1).max().item()
-    assert confidence == pytest.approx(p**4)  # one factor per emitted character
+    assert reading.char_probs == pytest.approx([p] * 4)  # one probability per emitted character
 
 
-def test_decode_of_all_blanks_is_empty_with_confidence_one():
+def test_a_characters_probability_is_the_highest_of_its_frames_and_the_word_takes_the_least_sure():
     codec = CTCCodec("ab")
-    assert codec.decode(one_hot_logits([0, 0, 0], codec.num_classes)) == [("", 1.0)]
+    logits = one_hot_logits([1, 1, 0, 2], codec.num_classes)
+    logits[0, 0, 1], logits[0, 1, 1], logits[0, 3, 2] = 1.0, 3.0, 2.0  # a's second frame is its surer one
+    probs = torch.softmax(logits[0], -1)
+    [reading] = codec.decode(logits)
+    assert reading.text == "ab"
+    assert reading.char_probs == pytest.approx([probs[1, 1].item(), probs[3, 2].item()])
+    assert reading.confidence == pytest.approx(probs[3, 2].item())  # the minimum, not the product
+
+
+def test_an_empty_reading_has_confidence_zero_not_one():
+    codec = CTCCodec("ab")
+    [reading] = codec.decode(one_hot_logits([0, 0, 0], codec.num_classes))
+    assert reading.text == "" and reading.char_probs == () and reading.confidence == 0.0
 
 
 def test_round_trip_through_a_perfect_alignment():
@@ -45,7 +57,7 @@ def test_round_trip_through_a_perfect_alignment():
         frames = []
         for cls in targets.tolist():  # blank between every pair, as CTC needs for repeats
             frames += [cls, 0]
-        assert codec.decode(one_hot_logits(frames, codec.num_classes))[0][0] == word
+        assert codec.decode(one_hot_logits(frames, codec.num_classes))[0].text == word
 
 
 def test_fold_case_lowercases_labels():

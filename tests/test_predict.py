@@ -19,9 +19,13 @@ def predict(*args: str) -> subprocess.CompletedProcess:
 
 
 def parse(stdout: str) -> list[tuple[str, str, str]]:
+    """(path, text, confidence) of each line; its fourth column, the characters' probabilities, is checked here."""
     rows = [tuple(line.split("\t")) for line in stdout.splitlines()]
-    assert all(len(row) == 3 for row in rows), stdout
-    return rows
+    assert all(len(row) == 4 for row in rows), stdout
+    for _, text, confidence, char_probs in rows:
+        probs = [float(prob) for prob in char_probs.split()]
+        assert len(probs) == len(text) and float(confidence) == (min(probs) if probs else 0.0), stdout
+    return [row[:3] for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,8 @@ def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
     """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows."""
     model, codec, _, preprocessing = load_model(checkpoint, "cpu")
     transform = ImageTransform(preprocessing)
-    return [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
+    readings = [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
+    return [(reading.text, reading.confidence) for reading in readings]
 
 
 @pytest.mark.slow

@@ -71,14 +71,15 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
                                                    for image, _ in samples])))
         default = codec.decode(model(torch.stack([ImageTransform(Preprocessing(32, 100))(image) for image, _ in samples])))
     # Printed with 4 decimals: a transform other than the record's would be told apart here.
-    assert max(abs(a[1] - b[1]) for a, b in zip(expected, default)) > 5e-4
+    assert max(abs(a.confidence - b.confidence) for a, b in zip(expected, default)) > 5e-4
 
     result = subprocess.run([sys.executable, "scripts/predict.py", str(recorded), *map(str, paths)], cwd=REPO,
                             env=run_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    read = [(text, float(confidence)) for _, text, confidence in (line.split("\t") for line in result.stdout.splitlines())]
-    assert [text for text, _ in read] == [text for text, _ in expected]
-    assert [confidence for _, confidence in read] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+    read = [(text, float(confidence)) for _, text, confidence, _ in (line.split("\t")
+                                                                   for line in result.stdout.splitlines())]
+    assert [text for text, _ in read] == [r.text for r in expected]
+    assert [confidence for _, confidence in read] == pytest.approx([r.confidence for r in expected], abs=1.5e-4)
 
     dump = tmp_path / "dump.tsv"
     result = subprocess.run(["bash", "scripts/eval.sh", str(recorded), str(synth / "val"), "--dump", str(dump),
@@ -86,8 +87,8 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(dump.open(), delimiter="\t"))[:6]
-    assert [row["prediction"] for row in rows] == [text for text, _ in expected]
-    assert [float(row["confidence"]) for row in rows] == pytest.approx([c for _, c in expected], abs=1.5e-4)
+    assert [row["prediction"] for row in rows] == [r.text for r in expected]
+    assert [float(row["confidence"]) for row in rows] == pytest.approx([r.confidence for r in expected], abs=1.5e-4)
 
 
 def test_a_checkpoint_from_before_the_record_gets_the_constants_of_its_time():

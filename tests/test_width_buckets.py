@@ -99,7 +99,7 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
     torch.set_num_threads(1)  # as in the eval.sh processes: the same sums in the same order
     try:
         with torch.inference_mode():
-            alone = {index: codec.decode(model(transform(samples[index - 1][0])[None]))[0][0] for index in predictions}
+            alone = {index: codec.decode(model(transform(samples[index - 1][0])[None]))[0].text for index in predictions}
     finally:
         torch.set_num_threads(threads)
     assert alone == predictions
