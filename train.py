@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from models.losses import ctc_losses
 from training.checkpoint import (load_checkpoint, load_initial_weights, restore_training, save_checkpoint,
                                  training_checkpoint, weights_checkpoint)
 from training.log_window import LogWindow
+from training.precision_choice import choose_precision
 from training.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
                                  point_last_at, prepare_run_folder, prune_checkpoints, write_config)
 from training.run_log import RunLog
@@ -49,7 +51,7 @@ from utils import cli
 from utils.config import Config, ConfigError, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
-from utils.precision import autocast, resolve_precision
+from utils.precision import autocast
 from utils.preemption import StopRequested, StopSignal
 from utils.rng import capture_rng_state, restore_rng_state
 from utils.sync_batchnorm import convert_sync_batchnorm
@@ -82,7 +84,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     log = RunLog(config.train.out_dir if env.is_main else None)
     resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
-    setup = build_setup(config, env)
+    setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
     start_run_folder(config, env, log, resume_from)
     val_loaders = build_val_loaders(config, setup, env, log)
     state = TrainState(window=LogWindow(env.device))
@@ -235,7 +237,10 @@ class Setup:
         return self.average.model if self.average is not None else self.model
 
 
-def build_setup(config: Config, env: DistEnv) -> Setup:
+def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print,
+                recorded_precision: str | None = None) -> Setup:
+    """Everything the run trains with. `recorded_precision`: the one a resumed run measured at its start,
+    kept under `auto` so that the run goes on as it began."""
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     data = config.data
     codec = CTCCodec(load_alphabet(data.alphabet), fold_case=data.fold_case)
@@ -253,9 +258,15 @@ def build_setup(config: Config, env: DistEnv) -> Setup:
     val_sets = [LmdbDataset(root, codec, frames, val_transform, index_cache=cache) for root in data.val]
     loader, sampler = build_train_loader(train_sets, codec, config.train.batch_size, data.train_ratios or None,
                                          config.train.seed, data.num_workers, env)
-    precision = resolve_precision(config.train.precision, env.device)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model.to(env.device, memory_format=memory_format)
+    precision = config.train.precision
+    if precision == "auto" and recorded_precision:
+        log(f"precision auto: {recorded_precision}, as the run measured it at its start")
+        precision = recorded_precision
+    precision = choose_precision(precision, env.device, model, (config.train.batch_size // env.world_size,
+                                 config.model.in_channels, data.img_height, data.img_width), True, memory_format, log,
+                                 env.is_main, env.cpu_group)
     optimizer, scheduler = build_optimizer(config, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
@@ -403,7 +414,7 @@ def validate_and_keep_best(config: Config, env: DistEnv, setup: Setup, val_loade
 def weights_of(config: Config, env: DistEnv, setup: Setup, state: TrainState, accuracy: float | None
                ) -> dict[str, Any]:
     return weights_checkpoint(setup.evaluated_model, config, setup.codec.alphabet, setup.preprocessing, state.step,
-                              accuracy, env.world_size)
+                              accuracy, env.world_size, setup.precision)
 
 
 def save_training_checkpoint(config: Config, env: DistEnv, setup: Setup, state: TrainState) -> Path:

@@ -78,7 +78,8 @@ def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, devi
 
 
 @torch.inference_mode()
-def read_images(model: nn.Module, images: list[Tensor], device: torch.device, decode: Decoder) -> list[Reading]:
+def read_images(model: nn.Module, images: list[Tensor], device: torch.device, decode: Decoder,
+                precision: str = "fp32") -> list[Reading]:
     """The reading of each `[C, H, W]` model input, in order. Images of one width run as one batch,
     so a reading never depends on which other images came with it (a keep_aspect transform with a
     width step makes several widths)."""
@@ -87,7 +88,8 @@ def read_images(model: nn.Module, images: list[Tensor], device: torch.device, de
     for position, image in enumerate(images):
         by_width.setdefault(image.shape[-1], []).append(position)
     for positions in by_width.values():
-        logits = model(torch.stack([images[position] for position in positions]).to(device))
+        with autocast(device, precision):
+            logits = model(torch.stack([images[position] for position in positions]).to(device))  # [B, T, C]
         for position, reading in zip(positions, decode(logits)):
             results[position] = reading
     return results

@@ -1,10 +1,14 @@
 """Measure how fast a config trains, loads data and evaluates; print a table and write JSON.
 
-    python scripts/benchmark.py --config crnn.yaml                                  # one process
+    python scripts/benchmark.py --config crnn.yaml                                  # one process, fp32 and bf16
     python scripts/benchmark.py --config crnn.yaml --batch-size 64 --precision bf16 --no-channels-last
     torchrun --standalone --nproc_per_node=2 scripts/benchmark.py --config crnn.yaml   # per process + total
 
-Measured in one run, each after warm-up steps that are not timed:
+Without --precision, every precision `train.precision=auto` chooses from on this machine (fp32 and bf16 on
+a CPU whose oneDNN computes bf16) is measured side by side, in interleaved rounds, and the table says which
+one `auto` picks there (its own short measurement, utils/precision.py) and how it compares with the
+loop's figures. With --precision, that one alone. Measured in one run, each after warm-up steps that are
+not timed:
 - train loop: the real data loader and training step (forward, fp32 CTC loss, backward, clipping,
   optimizer step; DDP when launched with torchrun), images/s;
 - compute floor: the same step on one batch already in memory, so the loop's fraction of it is what
@@ -34,7 +38,7 @@ from train import build_setup, train_step, wrap_for_training
 from utils import cli
 from utils.config import ConfigError, load_config, validate
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
-from utils.precision import autocast
+from utils.precision import autocast, candidate_precisions
 
 ROUNDS = 5
 
@@ -43,7 +47,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.num_workers=4")
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="train.precision")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="train.precision, measured alone (default: every candidate side by side)")
     parser.add_argument("--batch-size", type=int, help="train.batch_size: the global batch, across processes")
     parser.add_argument("--threads", type=int, help="train.threads: CPU threads per process (0: cores / processes)")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="train.channels_last")
@@ -119,18 +124,21 @@ def main() -> None:
         raise ConfigError(f"train.batch_size={config.train.batch_size} must divide by the {world_size} processes")
     env = setup_distributed(config.device_ids, config.train.threads)
     try:
-        results = benchmark(config, env, args.steps, args.warmup)
+        results = benchmark(config, env, args.steps, args.warmup, compare=args.precision is None)
         if env.is_main:
             report(results, args.json)
     finally:
         cleanup_distributed()
 
 
-def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
-    setup = build_setup(config, env)
+def benchmark(config, env: DistEnv, steps: int, warmup: int, compare: bool) -> dict:
+    """The figures of the precision the run would use (setup.precision) at the top level, and, with
+    `compare`, those of every candidate precision under `by_precision`."""
+    setup = build_setup(config, env, print if env.is_main else lambda _: None)
     unwrapped, loader, sampler, optimizer, scheduler, scaler = (setup.model, setup.loader, setup.sampler,
                                                                 setup.optimizer, setup.scheduler, setup.scaler)
-    codec, precision, memory_format = setup.codec, setup.precision, setup.memory_format
+    codec, memory_format = setup.codec, setup.memory_format
+    precisions = candidate_precisions(env.device) if compare else (setup.precision,)
     model = wrap_for_training(unwrapped, env, config.train.compile)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
@@ -141,7 +149,7 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
     images_in_memory = first.images.to(env.device, memory_format=memory_format)
     forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)
 
-    def step_on(batch) -> int:
+    def step_on(batch, precision: str) -> int:
         train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format,
                    setup.average)
         scheduler.step()
@@ -150,56 +158,76 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int) -> dict:
     def load_only() -> int:
         return len(next(batches).labels)
 
-    # Loop and floor alternate in rounds and the best round counts: the machine's clock drifts by
-    # 20% over minutes, which would otherwise land on whichever was measured second.
-    measurements = {"train_loop": lambda: step_on(next(batches)), "compute_floor": lambda: step_on(first)}
-    per_process = {name: 0.0 for name in measurements}
+    # Loop and floor, in each precision, alternate in rounds and the best round counts: the machine's
+    # clock drifts by 20% over minutes, which would otherwise land on whichever was measured second.
+    measurements = {(precision, name): (lambda precision=precision, floor=floor:
+                                        step_on(first if floor else next(batches), precision))
+                    for precision in precisions for name, floor in (("train_loop", False), ("compute_floor", True))}
+    per_process = dict.fromkeys(measurements, 0.0)
     for index in range(ROUNDS):
-        for name, run_step in measurements.items():
+        for key, run_step in measurements.items():
             rate = timed_images_per_second(run_step, max(1, steps // ROUNDS), warmup if index == 0 else 0, env.device)
-            per_process[name] = max(per_process[name], rate)
-    per_process["data_loading"] = timed_images_per_second(load_only, steps * 4, warmup, env.device)
-    if setup.val_sets:
-        val_set = setup.val_sets[0]
-        val_loader = build_eval_loader(val_set, codec, config.train.eval_batch_size // env.world_size,
-                                       config.data.num_workers, env)
-        evaluate(unwrapped, val_loader, codec, env, precision, config.train.channels_last)  # warm-up: workers, caches
-        start = time.perf_counter()
-        counts = evaluate(unwrapped, val_loader, codec, env, precision, config.train.channels_last)
-        # evaluate() already summed the samples over processes: this is the total rate.
-        eval_total = counts["samples"] / (time.perf_counter() - start)
-    else:
-        eval_total = 0.0
+            per_process[key] = max(per_process[key], rate)
+    data_per_process = timed_images_per_second(load_only, steps * 4, warmup, env.device)
+    eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
-    totals = all_reduce_sum(torch.tensor([per_process["train_loop"], per_process["compute_floor"],
-                                          per_process["data_loading"]], dtype=torch.float64))
-    loop_total, floor_total, data_total = totals.tolist()
+    keys = list(per_process)
+    totals = dict(zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys],
+                                                        dtype=torch.float64)).tolist()))
+    data_total = all_reduce_sum(torch.tensor([data_per_process], dtype=torch.float64)).item()
+    by_precision = {precision: {
+        "train_images_per_s": {"per_process_rank0": per_process[precision, "train_loop"],
+                               "total": totals[precision, "train_loop"]},
+        "compute_floor_images_per_s": {"per_process_rank0": per_process[precision, "compute_floor"],
+                                       "total": totals[precision, "compute_floor"]},
+        "eval_images_per_s": eval_total[precision],
+        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+    } for precision in precisions}
+    fastest = max(precisions, key=lambda precision: totals[precision, "train_loop"])
+    chosen = by_precision[setup.precision] if setup.precision in by_precision else by_precision[fastest]
+    loop_total, floor_total = chosen["train_images_per_s"]["total"], chosen["compute_floor_images_per_s"]["total"]
     return {
         "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
         "processes": env.world_size,
         "threads_per_process": torch.get_num_threads(),
-        "precision": precision,
+        "configured_precision": config.train.precision,
+        "precision": setup.precision,  # what train.precision (auto: measured at start-up) resolves to
+        "fastest_precision_in_the_loop": fastest,
+        "by_precision": by_precision,
         "channels_last": config.train.channels_last,
         "compile": config.train.compile,
         "global_batch": config.train.batch_size,
         "augment": config.data.augment,  # applied in the loader workers, so it costs the loop only if they fall behind
         "model_settings": config.model.settings,
         "image_size": [config.data.img_height, config.data.img_width],
-        "train_images_per_s": {"per_process_rank0": per_process["train_loop"], "total": loop_total},
-        "compute_floor_images_per_s": {"per_process_rank0": per_process["compute_floor"], "total": floor_total},
+        "train_images_per_s": chosen["train_images_per_s"],
+        "compute_floor_images_per_s": chosen["compute_floor_images_per_s"],
         "loop_fraction_of_floor": loop_total / floor_total,
-        "data_loading_images_per_s": {"per_process_rank0": per_process["data_loading"], "total": data_total},
+        "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
         "data_to_train_ratio": data_total / loop_total,
-        "eval_images_per_s": eval_total,
+        "eval_images_per_s": chosen["eval_images_per_s"],
         "forward_gflops_per_image": forward_flops / 1e9,
         "train_step_gflops_per_image": train_flops / 1e9,
         "effective_train_gflops_per_s": loop_total * train_flops / 1e9,
-        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+        "matmul_gflops_per_s_per_process": chosen["matmul_gflops_per_s_per_process"],
         "peak_rss_mib_rank0": peak_rss_mib,
         "cuda_max_allocated_mib_rank0": cuda_peak_mib,
         "torch": str(torch.__version__),
     }
+
+
+def eval_images_per_second(config, env: DistEnv, setup, precision: str) -> float:
+    """Images/s of `evaluation.evaluate.evaluate` over the first validation set, all processes together."""
+    if not setup.val_sets:
+        return 0.0
+    val_loader = build_eval_loader(setup.val_sets[0], setup.codec, config.train.eval_batch_size // env.world_size,
+                                   config.data.num_workers, env)
+    evaluate(setup.model, val_loader, setup.codec, env, precision, config.train.channels_last)  # warm-up: workers
+    start = time.perf_counter()
+    counts = evaluate(setup.model, val_loader, setup.codec, env, precision, config.train.channels_last)
+    # evaluate() already summed the samples over processes: this is the total rate.
+    return counts["samples"] / (time.perf_counter() - start)
 
 
 def rate(images_per_s: dict[str, float], processes: int) -> str:
@@ -226,6 +254,20 @@ def report(results: dict, json_path: Path) -> None:
         ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
         ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
     ]
+    if len(results["by_precision"]) > 1:
+        rows.append(("", ""))
+        for name, key in (("train loop", "train_images_per_s"), ("compute floor", "compute_floor_images_per_s")):
+            rows.append((f"{name}, images/s, side by side", ", ".join(
+                f"{precision} {figures[key]['total']:.1f}" for precision, figures in results["by_precision"].items())))
+        rows.append(("evaluation, images/s, side by side", ", ".join(
+            f"{precision} {figures['eval_images_per_s']:.1f}" for precision, figures in results["by_precision"].items())))
+        rows.append(("matmul GFLOP/s, side by side", ", ".join(
+            f"{precision} {figures['matmul_gflops_per_s_per_process']:.1f}"
+            for precision, figures in results["by_precision"].items())))
+        agrees = "agrees" if results["precision"] == results["fastest_precision_in_the_loop"] else "DISAGREES"
+        rows.append((f"train.precision={results['configured_precision']} resolves to",
+                     f"{results['precision']} ({agrees} with the loop's faster: "
+                     f"{results['fastest_precision_in_the_loop']})"))
     if results["cuda_max_allocated_mib_rank0"]:
         rows.append(("CUDA max allocated, rank 0", f"{results['cuda_max_allocated_mib_rank0']:.0f} MiB"))
     width = max(len(name) for name, _ in rows)

@@ -87,7 +87,8 @@ def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_
     model, codec, _, preprocessing = load_model(strongly_augmented)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(preprocessing)(image) for image, _ in samples])))
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(strongly_augmented), *map(str, paths)],
+    result = subprocess.run([sys.executable, "scripts/predict.py", str(strongly_augmented), *map(str, paths),
+                             "--precision", "fp32"],
                             cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     read = [line.split("\t") for line in result.stdout.splitlines()]
@@ -102,7 +103,7 @@ def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_
             save_checkpoint(checkpoint, plain)
         dumps[name] = tmp_path / f"{name}.tsv"
         evaluated = subprocess.run(["bash", "scripts/eval.sh", str(checkpoint), str(synth / "val"), "--dump",
-                                    str(dumps[name])], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
+                                    str(dumps[name]), "--precision", "fp32"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
                                    capture_output=True, text=True, timeout=300)
         assert evaluated.returncode == 0, evaluated.stderr
     assert dumps["augmented"].read_text() == dumps["plain"].read_text()

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import REPO, run_env
+from utils.precision import candidate_precisions
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -40,3 +43,26 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
     assert results["processes"] == processes and results["global_batch"] == 8
     assert results["threads_per_process"] == 1 and results["channels_last"] is False
     assert results["precision"] == "fp32" and results["compile"] is False
+
+
+def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_path):
+    json_path = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
+         "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
+         "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=0", "model.hidden_size=16",
+         "--threads", "1"],
+        cwd=REPO, env={**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(json_path.read_text())
+    candidates = candidate_precisions(torch.device("cpu"))
+    assert list(results["by_precision"]) == list(candidates)
+    for figures in results["by_precision"].values():
+        assert figures["train_images_per_s"]["total"] > 0 and figures["compute_floor_images_per_s"]["total"] > 0
+        assert figures["eval_images_per_s"] > 0 and figures["matmul_gflops_per_s_per_process"] > 0
+    assert results["configured_precision"] == "auto" and results["precision"] in candidates
+    assert f"precision auto: {results['precision']} (" in result.stdout  # auto's own measurement, named
+    if len(candidates) > 1:
+        assert "train loop, images/s, side by side" in result.stdout
+        assert re.search(rf"train.precision=auto resolves to +{results['precision']} \(", result.stdout)

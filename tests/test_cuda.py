@@ -128,7 +128,7 @@ def test_the_tools_read_the_same_on_cuda_as_on_the_cpu(tiny_run, synth, tmp_path
 
     def predict(device: str) -> list[str]:
         result = subprocess.run([sys.executable, "scripts/predict.py", str(tiny_run / "best.pt"), str(folder),
-                                 "--device", device], cwd=REPO, env=run_env(), capture_output=True, text=True,
+                                 "--device", device, "--precision", "fp32"], cwd=REPO, env=run_env(), capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, result.stderr
         return [line.split("\t")[1] for line in result.stdout.splitlines()]
@@ -136,7 +136,8 @@ def test_the_tools_read_the_same_on_cuda_as_on_the_cpu(tiny_run, synth, tmp_path
     assert predict("cuda:0") == predict("cpu")
 
     def evaluate(visible: str) -> str:
-        result = subprocess.run(["bash", "scripts/eval.sh", str(tiny_run / "best.pt"), str(synth / "val")], cwd=REPO,
+        result = subprocess.run(["bash", "scripts/eval.sh", str(tiny_run / "best.pt"), str(synth / "val"),
+                                 "--precision", "fp32"], cwd=REPO,
                                 env={**run_env(), "CUDA_VISIBLE_DEVICES": visible}, capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, result.stderr

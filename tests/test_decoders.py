@@ -104,7 +104,7 @@ def test_eval_and_predict_read_with_the_decoder_asked_for(tiny_run, synth, tmp_p
     for decoder in (["greedy"], ["beam"], ["lexicon", "--lexicon", str(lexicon)]):
         out = tmp_path / f"{decoder[0]}.json"
         result = subprocess.run([sys.executable, "scripts/eval.py", str(checkpoint), str(tmp_path / "words"),
-                                 "--workers", "0", "--decoder", *decoder, "--json", str(out)],
+                                 "--workers", "0", "--precision", "fp32", "--decoder", *decoder, "--json", str(out)],
                                 cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].endswith(f"decoder {decoder[0]}")
@@ -115,8 +115,8 @@ def test_eval_and_predict_read_with_the_decoder_asked_for(tiny_run, synth, tmp_p
     assert accuracy["lexicon"] >= accuracy["greedy"]
 
     paths = write_images(synth, tmp_path / "images", 3)
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(checkpoint), *map(str, paths), "--decoder",
-                             "lexicon", "--lexicon", str(lexicon)], cwd=REPO, env=run_env(), capture_output=True,
+    result = subprocess.run([sys.executable, "scripts/predict.py", str(checkpoint), *map(str, paths), "--precision", "fp32",
+                             "--decoder", "lexicon", "--lexicon", str(lexicon)], cwd=REPO, env=run_env(), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     model, codec, _, preprocessing = load_model(checkpoint)

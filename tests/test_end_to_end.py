@@ -15,7 +15,7 @@ from PIL import Image
 
 from data.lmdb_writer import write_lmdb
 from tests.conftest import REPO, run_env
-from utils.precision import resolve_precision
+from utils.precision import cpu_has_native_bf16
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -75,15 +75,15 @@ def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(dd
     assert checkpoint["model"].keys() == torch.load(ddp_run / "last.pt", weights_only=True)["model"].keys()
 
 
-@pytest.mark.skipif(resolve_precision("auto", torch.device("cpu")) != "bf16",
+@pytest.mark.skipif(not cpu_has_native_bf16(),
                     reason="this CPU has no native bf16 (lscpu lists neither avx512_bf16 nor amx_bf16): bf16 is "
-                           "emulated there, minutes a step, and train.precision=auto picks fp32")
+                           "emulated there, several times slower than fp32")
 def test_bf16_training_on_a_cpu_that_runs_it_natively(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "bf16"
     output = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                   "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-                  f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.precision=auto"])
-    assert "precision bf16" in output.stdout + output.stderr  # what auto picks on this CPU
+                  f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.precision=bf16"])
+    assert "precision bf16" in output.stdout + output.stderr
     bf16, fp32 = logged_losses(out_dir), logged_losses(ddp_run)
     # The same weights and batch: bf16's 8-bit mantissa moves the first loss by about 1e-2, not more.
     assert bf16[0] == pytest.approx(fp32[0], rel=3e-2)
@@ -117,7 +117,7 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
     for nproc in (1, 2):
         json_path = tmp_path / f"eval{nproc}.json"
         output = run(["bash", "scripts/eval.sh", str(ddp_run / "best.pt"), str(synth / "val"), str(synth / "train"),
-                      "--json", str(json_path), "--batch-size", "5"], NPROC=str(nproc), PYTHON=sys.executable)
+                      "--json", str(json_path), "--batch-size", "5", "--precision", "fp32"], NPROC=str(nproc), PYTHON=sys.executable)
         assert "combined (weighted by samples)" in output.stdout and output.stdout.count("val ") == 1
         results[nproc] = json.loads(json_path.read_text())
     noisy = {}  # confidences and losses carry float noise in their last digits; the rest is exact
@@ -133,8 +133,8 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
 def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_path):
     """Both ranks evaluate with rank 0's BatchNorm statistics, i.e. the model in last.pt."""
     json_path = tmp_path / "last.json"
-    run(["bash", "scripts/eval.sh", str(ddp_run / "last.pt"), str(synth / "val"), "--json", str(json_path)],
-        PYTHON=sys.executable)
+    run(["bash", "scripts/eval.sh", str(ddp_run / "last.pt"), str(synth / "val"), "--json", str(json_path),
+         "--precision", "fp32"], PYTHON=sys.executable)
     [offline] = json.loads(json_path.read_text())["sets"]
     records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
     during = [r for r in records if "val" in r][-1]

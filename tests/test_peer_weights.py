@@ -343,7 +343,7 @@ def test_predict_reads_aspect_kept_images_the_same_whatever_the_batch(synth, tmp
     outputs = []
     for batch_size in ("1", "5", "64"):
         result = subprocess.run([sys.executable, "scripts/predict.py", str(tmp_path / "g2.pt"), str(folder),
-                                 "--batch-size", batch_size], cwd=REPO, env=run_env(), capture_output=True, text=True,
+                                 "--batch-size", batch_size, "--precision", "fp32"], cwd=REPO, env=run_env(), capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout)

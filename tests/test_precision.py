@@ -1,26 +1,92 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
+import training.precision_choice
 import utils.precision
-from utils.precision import autocast, resolve_precision
+from models import model_from_config
+from tests.conftest import REPO, run_env
+from training.precision_choice import choose_precision
+from utils.config import ModelConfig
+from utils.precision import autocast, candidate_precisions, resolve_precision
 
 
-def test_auto_picks_a_precision_this_machine_runs_natively():
-    assert resolve_precision("auto", torch.device("cpu")) in ("bf16", "fp32")
+def test_explicit_precisions_are_taken_as_given():
     assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert "fp32" in candidate_precisions(torch.device("cpu"))
 
 
-def test_auto_wants_bf16_instructions_not_just_avx512(monkeypatch):
-    """oneDNN reports bf16 "supported" on any AVX-512 CPU but emulates it there, 3.3x slower than fp32
-    (measured on an Ice Lake Xeon): auto must read the CPU's flags."""
-    monkeypatch.setattr(utils.precision.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(utils.precision, "cpu_flags", lambda: {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
-    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
-    monkeypatch.setattr(utils.precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    expected = "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"  # and oneDNN can use them
-    assert resolve_precision("auto", torch.device("cpu")) == expected
+@pytest.fixture
+def two_candidates(monkeypatch, tmp_path):
+    """A CPU where both precisions can run, with a cache of its own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(utils.precision, "candidate_precisions", lambda device: ("fp32", "bf16"))
+    return tmp_path / "crnn-ocr" / "precision.json"
+
+
+@pytest.mark.parametrize("faster", ["fp32", "bf16"])
+def test_auto_takes_whichever_precision_the_measurement_favours(two_candidates, faster):
+    calls, lines = [], []
+
+    def time_step(precision: str) -> float:
+        calls.append(precision)
+        return 0.010 if precision == faster else 0.013
+
+    assert resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lines.append) == faster
+    assert set(calls) == {"fp32", "bf16"} and len(calls) >= 6  # a warm-up and several interleaved rounds each
+    assert lines[0].startswith(f"precision auto: {faster} (fp32 ") and "measured now" in lines[0]
+    # A second start with the same step on this machine pays nothing and chooses the same.
+    calls.clear()
+    assert resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lines.append) == faster
+    assert calls == [] and "measured before on this machine" in lines[1]
+    assert json.loads(two_candidates.read_text())  # the cache is a readable file
+    # Another step shape is measured anew.
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape B", lines.append)
+    assert calls
+
+
+def test_a_candidate_twice_as_slow_is_not_timed_to_the_end(two_candidates):
+    calls = []
+
+    def time_step(precision: str) -> float:
+        calls.append(precision)
+        return 0.030 if precision == "bf16" else 0.010
+
+    assert resolve_precision("auto", torch.device("cpu"), time_step, "emulated bf16", lambda _: None) == "fp32"
+    assert calls.count("bf16") == 2 and calls.count("fp32") > 2  # warm-up and one round
+
+
+@pytest.mark.parametrize("faster", ["fp32", "bf16"])
+def test_the_models_own_steps_are_timed_and_the_faster_precision_chosen(two_candidates, monkeypatch, faster):
+    """Real training steps of a real CRNN in each precision; the clock is made to favour one."""
+    last_precision = []
+    real_autocast = training.precision_choice.autocast
+
+    def recording_autocast(device, precision):
+        last_precision.append(precision)
+        return real_autocast(device, precision)
+
+    def fake_clock(step):
+        step()
+        return 0.010 if last_precision[-1] == faster else 0.020
+
+    monkeypatch.setattr(training.precision_choice, "autocast", recording_autocast)
+    monkeypatch.setattr(training.precision_choice, "timed", fake_clock)
+    model = model_from_config(ModelConfig(hidden_size=16, settings={"channels": [4, 8, 8, 8, 8, 8, 8]}), 11)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    for training_step in (True, False):
+        choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), training_step, log=lambda _: None)
+        assert choice == faster
+    assert set(last_precision) == {"fp32", "bf16"}
+    # Timing trained a copy: the model's weights and BatchNorm statistics are as they were, with no gradients.
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
+    assert all(parameter.grad is None for parameter in model.parameters())
 
 
 def test_fp16_needs_cuda():
@@ -34,3 +100,23 @@ def test_bf16_autocast_runs_the_forward_in_bf16_on_the_cpu():
         assert layer(torch.randn(2, 4)).dtype == torch.bfloat16
     with autocast(torch.device("cpu"), "fp32"):
         assert layer(torch.randn(2, 4)).dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_a_run_with_auto_measures_records_its_choice_and_resumes_with_it(synth, tmp_path):
+    out_dir = tmp_path / "run"
+    command = [sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
+               f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.batch_size=4", "train.eval_every=2",
+               "model.hidden_size=16", "data.num_workers=0", "train.precision=auto"]
+    environment = {**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = subprocess.run([*command, "train.max_steps=2"], cwd=REPO, env=environment, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr
+    [line] = [line for line in first.stdout.splitlines() if "precision auto:" in line]
+    choice = line.split("precision auto: ")[1].split()[0]
+    assert choice in candidate_precisions(torch.device("cpu")) and f"precision {choice}," in first.stdout
+    assert torch.load(out_dir / "last.pt", weights_only=True)["precision"] == choice
+    resumed = subprocess.run([*command, "train.max_steps=4"], cwd=REPO, env=environment, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"precision auto: {choice}, as the run measured it at its start" in resumed.stdout

@@ -14,7 +14,9 @@ from training.checkpoint import load_model
 
 
 def predict(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "predict.py"), *args], env=run_env(),
+    """predict.py in fp32, the precision the tests' own readings are computed in."""
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "predict.py"), *args, "--precision", "fp32"],
+                          env=run_env(),
                           capture_output=True, text=True, timeout=300)
 
 

@@ -73,7 +73,8 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
     # Printed with 4 decimals: a transform other than the record's would be told apart here.
     assert max(abs(a.confidence - b.confidence) for a, b in zip(expected, default)) > 5e-4
 
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(recorded), *map(str, paths)], cwd=REPO,
+    result = subprocess.run([sys.executable, "scripts/predict.py", str(recorded), *map(str, paths), "--precision", "fp32"],
+                            cwd=REPO,
                             env=run_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     read = [(text, float(confidence)) for _, text, confidence, _ in (line.split("\t")
@@ -83,7 +84,7 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
 
     dump = tmp_path / "dump.tsv"
     result = subprocess.run(["bash", "scripts/eval.sh", str(recorded), str(synth / "val"), "--dump", str(dump),
-                             "--metric-mode", "exact"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
+                             "--metric-mode", "exact", "--precision", "fp32"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(dump.open(), delimiter="\t"))[:6]

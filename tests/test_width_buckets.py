@@ -80,7 +80,7 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
         json_path, dump = tmp_path / f"{nproc}.json", tmp_path / f"{nproc}.tsv"
         result = subprocess.run(["bash", "scripts/eval.sh", str(keep_aspect_checkpoint), str(synth / "val"),
                                  "--batch-size", str(batch_size), "--workers", "0", "--json", str(json_path),
-                                 "--dump", str(dump)],
+                                 "--dump", str(dump), "--precision", "fp32"],
                                 cwd=REPO, env={**run_env(), "NPROC": str(nproc), "PYTHON": sys.executable},
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]

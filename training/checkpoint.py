@@ -75,11 +75,13 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
 
 
 def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, step: int,
-                       accuracy: float | None, world_size: int) -> dict[str, Any]:
-    """What best.pt holds: enough to evaluate, predict, export or start another run from."""
+                       accuracy: float | None, world_size: int, precision: str = "fp32") -> dict[str, Any]:
+    """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
+    what the run trained in (train.precision, with `auto` resolved)."""
     return {"format": FORMAT, "model": model.state_dict(), "step": step, "accuracy": accuracy,
             "config": to_dict(config), "alphabet": alphabet, "preprocessing": preprocessing.to_dict(),
-            "world_size": world_size, "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
+            "world_size": world_size, "precision": precision,
+            "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
 
 
 def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimizer,
