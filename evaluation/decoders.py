@@ -135,6 +135,8 @@ class LexiconDecoder:
 def aligned_char_probs(log_probs: Tensor, classes: list[int]) -> tuple[float, ...]:
     """Each character's probability under the most probable CTC alignment of `classes` to the `[T, C]`
     frames (Viterbi): the highest probability among the frames aligned to it, as greedy decoding gives."""
+    if not classes:
+        return ()
     states = [0]  # blank, c1, blank, c2, ..., blank
     for cls in classes:
         states += [cls, 0]
@@ -151,7 +153,7 @@ def aligned_char_probs(log_probs: Tensor, classes: list[int]) -> tuple[float, ..
         choices = np.stack([stay, advance, skip])  # [3, S]
         back[t] = choices.argmax(0)
         score = choices.max(0) + frames[t]
-    state = count - 1 if count == 1 or score[-1] >= score[-2] else count - 2
+    state = count - 1 if score[-1] >= score[-2] else count - 2
     best = np.full(len(classes), -np.inf)
     for t in range(steps - 1, -1, -1):
         if states[state] != 0:

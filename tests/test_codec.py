@@ -32,7 +32,7 @@ def test_greedy_decode_collapses_repeats_and_drops_blanks():
     assert reading.char_probs == pytest.approx([p] * 4)  # one probability per emitted character
 
 
-def test_a_characters_probability_is_the_highest_of_its_frames_and_the_word_takes_the_least_sure():
+def test_a_characters_probability_is_the_highest_of_its_frames_and_the_word_is_easyocrs_adjusted_product():
     codec = CTCCodec("ab")
     logits = one_hot_logits([1, 1, 0, 2], codec.num_classes)
     logits[0, 0, 1], logits[0, 1, 1], logits[0, 3, 2] = 1.0, 3.0, 2.0  # a's second frame is its surer one
@@ -40,7 +40,8 @@ def test_a_characters_probability_is_the_highest_of_its_frames_and_the_word_take
     [reading] = codec.decode(logits)
     assert reading.text == "ab"
     assert reading.char_probs == pytest.approx([probs[1, 1].item(), probs[3, 2].item()])
-    assert reading.confidence == pytest.approx(probs[3, 2].item())  # the minimum, not the product
+    a, b = probs[1, 1].item(), probs[3, 2].item()
+    assert reading.confidence == pytest.approx((a * b) ** (2 / 2**0.5))  # prod ** (2 / sqrt(n)), n = 2
 
 
 def test_an_empty_reading_has_confidence_zero_not_one():

@@ -30,6 +30,9 @@ def test_beam_finds_the_labelling_greedy_misses():
     [reading] = build_decoder("beam", codec)(logits)
     assert reading.text == "a"
     assert reading.char_probs == pytest.approx([0.4], rel=1e-4)  # its frame on the most probable alignment
+    # All blank, beyond doubt: an empty reading, with no character and confidence 0.
+    [empty] = build_decoder("beam", codec)(frames_from_probs([[0.98, 0.01, 0.01], [0.98, 0.01, 0.01]]))
+    assert empty.text == "" and empty.char_probs == () and empty.confidence == 0.0
 
 
 def spelled(codec: CTCCodec, text: str, runner_up: dict[int, str]) -> torch.Tensor:

@@ -179,7 +179,8 @@ def test_dump_has_every_sample_once_and_agrees_with_the_metrics(results):
         assert row["correct"] == str(int(same))
         probs = [float(prob) for prob in row["char_probs"].split()]
         assert len(probs) == len(row["prediction"])
-        assert float(row["confidence"]) == pytest.approx(min(probs) if probs else 0.0, abs=1e-4)
+        expected = math.prod(probs) ** (2 / math.sqrt(len(probs))) if probs else 0.0
+        assert float(row["confidence"]) == pytest.approx(expected, abs=1e-3)
     for row in results[1]["json"]["sets"]:
         correct = sum(int(line["correct"]) for line in rows if line["set"] == row["name"])
         assert correct == round(row["accuracy"] * row["scored"])

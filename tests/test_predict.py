@@ -1,6 +1,7 @@
 """scripts/predict.py on a checkpoint trained for 3 steps: folders, globs, files, broken images, bad paths."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ def parse(stdout: str) -> list[tuple[str, str, str]]:
     assert all(len(row) == 4 for row in rows), stdout
     for _, text, confidence, char_probs in rows:
         probs = [float(prob) for prob in char_probs.split()]
-        assert len(probs) == len(text) and float(confidence) == (min(probs) if probs else 0.0), stdout
+        expected = math.prod(probs) ** (2 / math.sqrt(len(probs))) if probs else 0.0  # from the 4-decimal probabilities
+        assert len(probs) == len(text) and float(confidence) == pytest.approx(expected, abs=1e-3), stdout
     return [row[:3] for row in rows]
 
 
