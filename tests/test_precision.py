@@ -60,6 +60,14 @@ def test_a_candidate_twice_as_slow_is_not_timed_to_the_end(two_candidates):
 
     assert resolve_precision("auto", torch.device("cpu"), time_step, "emulated bf16", lambda _: None) == "fp32"
     assert calls.count("bf16") == 2 and calls.count("fp32") > 2  # warm-up and one round
+    calls.clear()
+
+    def emulated(precision: str) -> float:
+        calls.append(precision)
+        return 0.5 if precision == "bf16" else 0.010
+
+    assert resolve_precision("auto", torch.device("cpu"), emulated, "25x slower", lambda _: None) == "fp32"
+    assert calls.count("bf16") == 1  # one warm-up step 50x slower is enough
 
 
 @pytest.mark.parametrize("faster", ["fp32", "bf16"])
