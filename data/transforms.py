@@ -195,10 +195,11 @@ class ImageTransform:
 
 
 def pad_right(images: Tensor, width: int) -> Tensor:
-    """`[..., H, w]` images widened to `width` by repeating their last column."""
+    """`[C, H, w]` or `[B, C, H, w]` images widened to `width` by repeating their last column."""
     if images.shape[-1] >= width:
         return images
-    return F.pad(images, (0, width - images.shape[-1]), mode="replicate")
+    # (left, right, top, bottom): replicate padding of the last dimension alone is refused for 4-D input.
+    return F.pad(images, (0, width - images.shape[-1], 0, 0), mode="replicate")
 
 
 def image_size(image_bytes: bytes) -> tuple[int, int]:

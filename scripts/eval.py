@@ -10,6 +10,8 @@ of integers, so the results do not depend on NPROC or the batch size. A checkpoi
 data.keep_aspect is evaluated in batches of one padded width (data.eval_width_step). Folders named after a standard
 benchmark (IIIT5k_3000, SVT, ..., in any case) are shown under its conventional name, first, in the
 conventional order. The default metric mode, `benchmark`, is the field's protocol (evaluation/metrics.py).
+`--split-long` reads crops more than 1.5 model input widths long at the model's height in overlapping pieces,
+as predict.py does by default (evaluation/long_crops.py); without it they are squashed, as in training.
 Below the table: the accuracy of the most confident 50, 80 and 95 % of the readings of each set, which
 says how far the word confidence can be trusted to pick the readings worth keeping.
 """
@@ -18,9 +20,11 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from PIL import Image
@@ -35,18 +39,22 @@ from data.transforms import build_transform
 from data.codec import Reading
 from evaluation.decoders import DECODERS, build_decoder
 from evaluation.evaluate import evaluate
+from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
 from evaluation.visualize import caption_grid
 from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
+from training.precision_choice import choose_precision, inference_shape
 from utils import cli
 from utils.config import load_config
-from utils.distributed import cleanup_distributed, gather_objects, setup_distributed
-from utils.precision import resolve_precision
+from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
 BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_1015", "IC15_1811", "IC15_2077",
               "SVTP", "CUTE80")
+# Other names the same sets are released under.
+ALIASES = {"iiit5k": "IIIT5k_3000", "svt_647": "SVT", "ic13": "IC13_857", "ic15": "IC15_2077", "svtp_645": "SVTP",
+           "cute80_288": "CUTE80"}
 COMBINED = "combined (weighted by samples)"
 MODE_HELP = {
     "benchmark": "the benchmark protocol (lowercase, only [0-9a-z] kept on both sides, exact match)",
@@ -78,6 +86,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
     parser.add_argument("--beam-size", type=positive_int, default=10, metavar="N", help="--decoder beam's beam (10)")
+    parser.add_argument("--split-long", action="store_true",
+                        help="read crops over 1.5 input widths long in overlapping pieces (default: squashed)")
     parser.add_argument("--dump", type=Path, metavar="PATH.tsv", help="write every prediction to this TSV file")
     parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
     parser.add_argument("--errors-count", type=positive_int, default=32, metavar="N",
@@ -89,7 +99,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="data-loader workers per process")
     parser.add_argument("--index-cache", default="auto", metavar="DIR|auto|off",
                         help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache")
-    parser.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
     return parser.parse_args()
 
 
@@ -113,7 +124,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def set_names(roots: list[str]) -> list[str]:
     """A benchmark's conventional name, else the folder's name; the path where two names would clash."""
-    conventional = {name.lower(): name for name in BENCHMARKS}
+    conventional = {**{name.lower(): name for name in BENCHMARKS}, **ALIASES}
     folders = [Path(os.path.abspath(root)).name for root in roots]  # abspath: "SVT/" and "." have names too
     names = [conventional.get(folder.lower(), folder) for folder in folders]
     return [str(root) if names.count(name) > 1 else name for root, name in zip(roots, names)]
@@ -147,6 +158,20 @@ class CollateWithIndices(CollateBatch):
         return batch
 
 
+def set_batches(dataset: LmdbDataset, args: argparse.Namespace, env: DistEnv, long_crops: LongCropTransform | None
+                ) -> tuple[Iterable[Batch], int]:
+    """This process's batches of `dataset`, and how many of its samples are read in pieces: with
+    --split-long, the crops read whole, then each long crop alone (its pieces are its batch), aspect kept."""
+    def loader(part: LmdbDataset, batch_size: int) -> Iterable[Batch]:
+        return build_eval_loader(IndexedSamples(part), part.codec, batch_size, args.workers, env,
+                                 CollateWithIndices(part.codec, part.transform.output_shape))
+
+    if long_crops is None:
+        return loader(dataset, args.batch_size), 0
+    whole, long = split_long_samples(dataset, long_crops)
+    return itertools.chain(loader(whole, args.batch_size), loader(long, 1)), len(long)
+
+
 def format_row(name: str, width: int, metrics: dict, in_lmdb: int) -> str:
     return (f"{name:<{width}} {metrics['scored']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
             f" {metrics['one_minus_ned']:>7.4f} {100 * metrics['char_precision']:>8.2f}"
@@ -173,10 +198,14 @@ def print_table(sets: list[dict], combined: dict, mode: str, decoder: str) -> No
     print(format_row(COMBINED, width, combined, combined["in_lmdb"]))
     print("accuracy % by metric mode, combined: "
           + ", ".join(f"{each} {100 * combined[f'accuracy_{each}']:.2f}" for each in METRIC_MODES))
-    print("accuracy % of the most confident readings: "
-          + "; ".join(f"{row['name']} " + ", ".join(f"{share} {100 * accuracy:.2f}" for share, accuracy in
-                                                    row["accuracy_by_confidence"].items())
-                      for row in [*sets, {"name": "combined", **combined}]))
+    print(f"\naccuracy % of the most confident readings, under {mode} (the rest would go to a person or a second"
+          f" reader)")
+    print(f"{'set':<{width}} " + " ".join(f"{'top ' + share:>8}" for share in combined["accuracy_by_confidence"])
+          + f" {'all':>8}")
+    for row in [*sets, {**combined, "name": COMBINED}]:
+        print(f"{row['name']:<{width}} " + " ".join(f"{100 * accuracy:>8.2f}" for accuracy in
+                                                   row["accuracy_by_confidence"].values())
+              + f" {100 * row['accuracy']:>8.2f}")
 
 
 def accuracy_by_confidence(scored: list[tuple[float, bool]]) -> dict[str, float]:
@@ -234,8 +263,11 @@ def main() -> None:
     env = setup_distributed(device_ids=[])
     try:
         model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
-        precision = resolve_precision(args.precision, env.device)
+        precision = choose_precision(args.precision, env.device, model, inference_shape(preprocessing, args.batch_size),
+                                     False, log=print, is_main=env.is_main, group=env.cpu_group)
         transform = build_transform(config, preprocessing)
+        long_crops = LongCropTransform(transform) if args.split_long else None
+        reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
         frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
         decode = build_decoder(args.decoder, codec, args.lexicon, args.beam_size)
@@ -246,8 +278,7 @@ def main() -> None:
         for name, root in roots:
             dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove",
                                   index_cache=index_cache)
-            loader = build_eval_loader(IndexedSamples(dataset), codec, args.batch_size, args.workers, env,
-                                       CollateWithIndices(codec, transform.output_shape))
+            batches, in_pieces = set_batches(dataset, args, env, long_crops)
             records = []  # (LMDB index, label, reading) of this process's shard, for --dump and --errors
             confidences = []  # (LMDB index, confidence, correct) of the samples args.metric_mode scores
 
@@ -259,7 +290,7 @@ def main() -> None:
                 if keep_predictions:
                     records.extend(zip(batch.indices, batch.labels, readings))
 
-            counts = evaluate(model, loader, codec, env, precision, on_batch=keep, decode=decode)
+            counts = evaluate(reader, batches, codec, env, precision, on_batch=keep, decode=decode)
             for key in COUNT_KEYS:
                 combined[key] += counts[key]
             predictions.append(records)
@@ -267,7 +298,7 @@ def main() -> None:
             sets.append({"name": name, "path": str(root), **summarize(counts, args.metric_mode),
                          "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
                          "labels_shortened": dataset.report.shortened,
-                         "undecodable_images": counts["dropped"]})
+                         "undecodable_images": counts["dropped"], "read_in_pieces": in_pieces})
         seconds = time.perf_counter() - start
         # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
         shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
@@ -286,6 +317,9 @@ def main() -> None:
             print_table(sets, results["combined"], args.metric_mode, args.decoder)
             print(f"{results['combined']['samples'] / seconds:.0f} images/s on {env.world_size} process(es),"
                   f" {env.device.type}")
+            if long_crops is not None:
+                print(f"{sum(row['read_in_pieces'] for row in sets)} of {in_lmdb} images were wider than "
+                      f"{long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)")
             if keep_predictions:  # each set's records from every process, in LMDB-index order
                 merged = [sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
                           for position in range(len(sets))]

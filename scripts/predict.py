@@ -10,9 +10,13 @@ checkpoint trained with data.keep_aspect pads each image only to the next multip
 as eval.sh does, and images of one width are read together, so --batch-size never changes a reading. A
 folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
 `char_probs` holds each character's probability, space-separated (the highest in the frames that
-emitted it); the word's confidence is the lowest of them, 0 for an empty text (data.codec.word_confidence;
-docs/evaluation.md measures it). `--decoder beam|lexicon` reads with evaluation/decoders.py. An image that
-cannot be decoded is named on stderr and skipped; the others are still printed, and the exit status is then 1.
+emitted it); the word's confidence is their product, length-adjusted as EasyOCR does (prod ** (2 / sqrt(n))),
+and 0 for an empty text (data.codec.word_confidence; docs/evaluation.md measures it). `--decoder beam|lexicon`
+reads with evaluation/decoders.py. An image that cannot be decoded is named on stderr and skipped; the others
+are still printed, and the exit status is then 1.
+A crop more than 1.5 model input widths long at the model's height (wider than 6:1 for 32 x 128: a long word,
+a short line) is read in overlapping pieces whose output frames are stitched (evaluation/long_crops.py), and
+stderr says how many were; `--no-split` reads them squashed into the model's input, as eval.sh does.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ from data.image_files import image_paths
 from data.transforms import ImageTransform
 from evaluation.decoders import DECODERS, Decoder, build_decoder
 from evaluation.evaluate import read_images
+from evaluation.long_crops import LongCropTransform, PiecewiseModel
 from training.checkpoint import load_model
+from training.precision_choice import choose_precision, inference_shape
 from utils import cli
 from utils.config import Config, load_config
 
@@ -40,9 +46,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda:N")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
     parser.add_argument("--beam-size", type=int, default=10, help="--decoder beam's beam (default 10)")
+    parser.add_argument("--no-split", dest="split", action="store_false",
+                        help="read crops over 1.5 input widths long squashed into the input, not in pieces")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -64,7 +74,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def read_image(path: str, transform: ImageTransform) -> Tensor | None:
+def read_image(path: str, transform: ImageTransform | LongCropTransform) -> Tensor | None:
     """The model's input `[C, H, W]` for the image at `path`, or None after naming it on stderr."""
     try:
         return transform(Path(path).read_bytes())
@@ -78,23 +88,35 @@ def read_image(path: str, transform: ImageTransform) -> Tensor | None:
 
 @torch.inference_mode()
 def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None,
-            decoder: str = "greedy", lexicon: Path | None = None, beam_size: int = 10) -> int:
-    """Print one line per decodable image of `paths`; return how many could not be decoded."""
+            decoder: str = "greedy", lexicon: Path | None = None, beam_size: int = 10, precision: str = "auto",
+            split: bool = True) -> int:
+    """Print one line per decodable image of `paths`, long crops read in pieces if `split`; return how many
+    could not be decoded."""
     model, codec, config, preprocessing = load_model(checkpoint, device, config)
     decode: Decoder = build_decoder(decoder, codec, lexicon, beam_size)
+    # The choice is named on stderr: stdout holds only the readings.
+    precision = choose_precision(precision, device, model, inference_shape(preprocessing, batch_size), False,
+                                 log=lambda line: print(line, file=sys.stderr))
     transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
-    undecodable = 0
+    long_crops = LongCropTransform(transform)
+    inputs = long_crops if split else transform
+    reader = PiecewiseModel(model, preprocessing) if split else model  # the model itself for inputs up to its width
+    undecodable = in_pieces = 0
     for start in range(0, len(paths), batch_size):
-        decoded = [(path, read_image(path, transform)) for path in paths[start:start + batch_size]]
+        decoded = [(path, read_image(path, inputs)) for path in paths[start:start + batch_size]]
         readable = [(path, image) for path, image in decoded if image is not None]
         undecodable += len(decoded) - len(readable)
         if not readable:
             continue
-        readings = read_images(model, [image for _, image in readable], device, decode)
+        in_pieces += sum(image.shape[-1] > transform.width for _, image in readable)  # only a long crop is wider
+        readings = read_images(reader, [image for _, image in readable], device, decode, precision)
         for (path, _), reading in zip(readable, readings):
             char_probs = " ".join(f"{prob:.4f}" for prob in reading.char_probs)
             print(f"{path}\t{reading.text}\t{reading.confidence:.4f}\t{char_probs}")
         sys.stdout.flush()  # lines appear batch by batch when piped
+    if in_pieces:
+        print(f"{in_pieces} of {len(paths)} images were wider than {long_crops.split_ratio:.3g}:1 and were read in "
+              f"overlapping pieces; --no-split reads them squashed", file=sys.stderr)
     return undecodable
 
 
@@ -104,7 +126,7 @@ def main() -> int:
     device = resolve_device(args.device)
     config = load_config(args.config, []) if args.config else None
     undecodable = predict(paths, args.checkpoint, device, args.batch_size, config, args.decoder, args.lexicon,
-                          args.beam_size)
+                          args.beam_size, args.precision, args.split)
     if undecodable:
         print(f"{undecodable} of {len(paths)} images could not be decoded and were skipped", file=sys.stderr)
     return 1 if undecodable else 0
