@@ -1,6 +1,7 @@
 """Beam and lexicon decoding (evaluation/decoders.py) on hand-made frames, and through eval.sh and predict.py."""
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -127,3 +128,17 @@ def test_eval_and_predict_read_with_the_decoder_asked_for(tiny_run, synth, tmp_p
     with torch.inference_mode():
         expected = [decode(model(transform(path.read_bytes())[None]))[0].text for path in paths]
     assert [line.split("\t")[1] for line in result.stdout.splitlines()] == expected
+
+
+def test_a_missing_decode_extra_is_named_with_the_install_command(monkeypatch):
+    real_import = importlib.import_module
+
+    def without_the_extra(name: str):
+        if name.startswith(("fast_ctc_decoder", "rapidfuzz")):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name)
+
+    monkeypatch.setattr(importlib, "import_module", without_the_extra)
+    with pytest.raises(ImportError, match=r"--decoder beam needs fast_ctc_decoder; install it with: pip install -r "
+                                          r"requirements-decode.txt"):
+        build_decoder("beam", CTCCodec("abc"))
