@@ -1,10 +1,15 @@
 """Export a checkpoint to ONNX or a torch.export program with a dynamic batch and width, then check it
-against PyTorch; or hand a dtrb_vgg model to EasyOCR as a custom recognizer, checked with EasyOCR.
+against PyTorch; quantize the ONNX model to int8 for CPUs, gated on the accuracy it costs; or hand a
+dtrb_vgg model to EasyOCR as a custom recognizer, checked with EasyOCR.
 
     python scripts/export.py runs/crnn/best.pt --format onnx                  # -> runs/crnn/best.onnx
     python scripts/export.py runs/crnn/best.pt --format pt2                   # -> runs/crnn/best.pt2
     python scripts/export.py runs/crnn/best.pt --format onnx --out crnn.onnx --check datasets/synth/val 'scans/*.png'
     python scripts/export.py runs/ft/best.pt --format easyocr                 # -> runs/ft/best_easyocr/
+    python scripts/export.py runs/crnn/best.pt --format onnx --int8 dynamic --check datasets/synth/test
+                                                                  # -> runs/crnn/best.onnx and best.int8.onnx
+    python scripts/export.py runs/crnn/best.pt --format onnx --int8 static --calibrate datasets/synth/train \
+        --check datasets/synth/test --max-accuracy-drop 0.5 --speed
 
 The exported model takes `images` [B, C, H, W], float32, as data.transforms.ImageTransform makes them
 from the checkpoint's preprocessing record (H is its height; B and W >= 8 are free), and returns `logits`
@@ -20,6 +25,19 @@ prints the largest absolute difference of the logits and whether the decoded tex
 exits 1 when a text differs or the difference exceeds --tolerance. ONNX needs `onnx` and `onnxscript`
 and, for the check, `onnxruntime` (pip install -r requirements-export.txt); without onnxruntime the
 check is skipped with a message. The .pt2 format needs only torch.
+
+--int8 dynamic|static (ONNX only, with onnxruntime) also writes NAME.int8.onnx beside the ONNX file,
+made by onnxruntime.quantization from the float file once it has passed its check. Both quantize the
+LSTM and the classifier dynamically (int8 weights; activations quantized as they come); static also
+quantizes the convolutions, with activation ranges calibrated on the --calibrate images. The int8
+model then reads the --check images (up to --int8-check-limit, default 1000; by default rendered
+ones) at the checkpoint's width beside the float model: the report gives the share of decoded texts
+they agree on and, on labelled images (LMDB samples, rendered images), both word accuracies under
+--metric-mode. The int8 file is moved into place only when its accuracy is at most
+--max-accuracy-drop points (default 1.0) below float's; with no labelled image, only when at most
+that percentage of the texts differ (a bound on the accuracy it can cost). Otherwise the script exits
+1 and leaves no int8 file. --speed times the ONNX model (and the int8 one, taking turns) at batch
+sizes 1 and 64 and prints images/s and the file sizes.
 
 --format easyocr writes EasyOCR's custom-model layout into a folder: model/NAME.pth (the weights under
 EasyOCR's names, `module.` included, as EasyOCR expects), user_network/NAME.py (EasyOCR's own
@@ -38,11 +56,15 @@ import argparse
 import importlib.util
 import io
 import json
+import math
+import os
 import re
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -53,9 +75,12 @@ from torch.export._patches import register_lstm_while_loop_decomposition
 
 from data.codec import CTCCodec
 from data.image_files import encoded_images
+from data.lmdb_env import lmdb_for_scan, read_num_samples
+from data.lmdb_keys import image_key, label_key
 from data.synthetic.render import build_plan, render_sample
 from data.transforms import ImageTransform, Preprocessing
 from evaluation.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
+from evaluation.metrics import METRIC_MODES, compared_form
 from models import output_frames
 from training.checkpoint import load_model
 from training.peer_weights import easyocr_problems, write_easyocr_model
@@ -80,6 +105,22 @@ RENDERED_IMAGES = 6
 MIN_WIDTH, MAX_WIDTH = 8, 1024
 Runner = Callable[[Tensor], Tensor]  # images [B, C, H, W] -> logits [B, T, classes], on the CPU
 
+INT8_MODES = ("dynamic", "static")
+# What onnxruntime.quantization turns into int8, by op type. Both recipes quantize the LSTM
+# (DynamicQuantizeLSTM) and the classifier (MatMulInteger) dynamically: the LSTM is most of a CRNN's
+# time on a CPU. Convolutions only statically (QDQ, with ranges calibrated on images): onnxruntime's
+# dynamic ConvInteger ran slower than the float convolutions (docs/prediction-and-export.md).
+DYNAMIC_OP_TYPES = ["LSTM", "MatMul"]
+STATIC_OP_TYPES = ["Conv"]
+CALIBRATION_IMAGES = 256
+# Images per run when the float and int8 models read the gate's images, and per calibration run.
+INT8_BATCH = 64
+SPEED_BATCHES = (1, 64)
+# Many short rounds rather than a few long ones: a round's ratio compares runs a fraction of a second
+# apart, which the other jobs of a shared machine hardly change.
+SPEED_ROUNDS = 15
+SPEED_SECONDS = 0.2  # each model's share of a round, set from its warm-up run
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +136,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--int8", choices=INT8_MODES,
+                        help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the"
+                             " accuracy gate")
+    parser.add_argument("--calibrate", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
+                        help=f"--int8 static: images like those the model will read (at most {CALIBRATION_IMAGES}),"
+                             " to set the activations' int8 ranges; keep them apart from --check")
+    parser.add_argument("--max-accuracy-drop", type=float, default=1.0, metavar="POINTS",
+                        help="--int8: refuse the int8 model when its word accuracy on --check's labelled images is"
+                             " lower than the float model's by more than this (default 1.0 percentage point)")
+    parser.add_argument("--int8-check-limit", type=int, default=1000,
+                        help="--int8: compare int8 with float on at most this many images (default 1000)")
+    parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
+                        help="--int8: how a reading is compared with its label (evaluation/metrics.py; default"
+                             " benchmark, for [0-9a-z] models; ignore_case_symbols for larger alphabets)")
+    parser.add_argument("--speed", action="store_true",
+                        help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s")
     args = parser.parse_args()
     if args.format == "torchscript":  # torch deprecated TorchScript
         raise ValueError("--format torchscript was replaced by --format pt2: a torch.export program, loaded with"
@@ -105,6 +162,16 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
     if args.tolerance < 0:
         parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+    if (args.int8 or args.speed) and args.format != "onnx":
+        parser.error(f"--{'int8' if args.int8 else 'speed'} needs --format onnx: int8 models and the timing run under"
+                     " onnxruntime")
+    if args.int8 == "static" and not args.calibrate:
+        parser.error("--int8 static needs --calibrate IMAGE|FOLDER|GLOB|LMDB: images like those the model will read"
+                     " (e.g. its training LMDB), to set the int8 ranges of the convolutions' inputs")
+    if args.calibrate and args.int8 != "static":
+        parser.error("--calibrate is for --int8 static; --int8 dynamic needs no calibration images")
+    if args.int8_check_limit < 1:
+        parser.error(f"--int8-check-limit must be >= 1, got {args.int8_check_limit}")
     return args
 
 
@@ -222,6 +289,11 @@ def check_batches(images: list[tuple[str, bytes]], preprocessing: Preprocessing,
     return [(names, torch.stack(batch)) for batch in batched.values()] + alone
 
 
+def decoded_texts(codec: CTCCodec, logits: Tensor) -> list[str]:
+    """The greedy CTC readings of logits [B, T, classes], as text."""
+    return [reading.text for reading in codec.decode(logits)]
+
+
 @torch.inference_mode()
 def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[tuple[list[str], Tensor]],
             tolerance: float) -> list[str]:
@@ -237,7 +309,7 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
             return [f"check FAILED: images {tuple(images.shape)} gave logits {tuple(actual.shape)},"
                     f" PyTorch {tuple(expected.shape)}"]
         max_difference = max(max_difference, (actual - expected).abs().max().item())
-        for name, (want, _), (got, _) in zip(names, codec.decode(expected), codec.decode(actual)):
+        for name, want, got in zip(names, decoded_texts(codec, expected), decoded_texts(codec, actual)):
             texts += 1
             if got != want:
                 differing.append(f"{name} at width {images.shape[3]}: {got!r}, PyTorch {want!r}")
@@ -252,6 +324,225 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
     problems = (["texts differ"] if differing else []) + (["logits differ"] if max_difference > tolerance else [])
     lines.append(f"check FAILED: {' and '.join(problems)}" if problems else "check passed")
     return lines
+
+
+def int8_path(out: Path) -> Path:
+    """Where the int8 model of the float ONNX `out` goes: best.onnx -> best.int8.onnx."""
+    return out.with_name(out.name.removesuffix(".onnx") + ".int8.onnx")
+
+
+def lmdb_samples(root: str, limit: int) -> list[tuple[str, bytes, str | None]]:
+    """Up to `limit` (name, encoded image, label) triples of an LMDB, in index order, named `root#index`."""
+    samples = []
+    with lmdb_for_scan(root) as env, env.begin() as txn:
+        for index in range(1, min(read_num_samples(txn, root), limit) + 1):
+            image_bytes, raw_label = txn.get(image_key(index)), txn.get(label_key(index))
+            if image_bytes is not None:
+                label = None if raw_label is None else bytes(raw_label).decode("utf-8", errors="replace")
+                samples.append((f"{root}#{index}", bytes(image_bytes), label))
+    return samples
+
+
+def labelled_images(sources: list[str] | None, alphabet: str, limit: int) -> list[tuple[str, bytes, str | None]]:
+    """Up to `limit` (name, encoded image, label) triples to weigh an int8 model on: LMDB samples with their
+    labels, image files without (None), or by default images rendered by scripts/make_synthetic.py."""
+    if not sources:
+        plan, _ = build_plan(alphabet, max_length=10)
+        samples = (render_sample(plan, 0, "export-check", index) for index in range(limit))
+        return [(f"rendered-{index}", sample.image, sample.label) for index, sample in enumerate(samples)]
+    images: list[tuple[str, bytes, str | None]] = []
+    for source in sources:
+        if (Path(source) / "data.mdb").is_file():
+            images += lmdb_samples(source, limit - len(images))
+        else:
+            images += [(name, image, None) for name, image in encoded_images([source], limit - len(images))]
+    return images[:limit]
+
+
+def batches_at_width(images: list[tuple[str, bytes]], preprocessing: Preprocessing, batch_size: int,
+                     option: str = "--check") -> list[tuple[list[int], Tensor]]:
+    """(positions in `images`, images [B, C, H, W]) at the checkpoint's width, as the model reads them in
+    training and evaluation; an image that cannot be decoded is reported on stderr and left out, and
+    `option` (where the images came from) named when none is left."""
+    transform = ImageTransform(preprocessing)
+    decoded = []
+    for position, (name, image_bytes) in enumerate(images):
+        try:
+            decoded.append((position, transform(image_bytes)))
+        except Exception as error:  # Pillow raises many types on bad files
+            print(f"{name}: cannot decode ({error}); not used", file=sys.stderr)
+    if not decoded:
+        raise ValueError(f"none of the {option} images could be decoded: give images Pillow reads")
+    chunks = [decoded[start:start + batch_size] for start in range(0, len(decoded), batch_size)]
+    return [([position for position, _ in chunk], torch.stack([image for _, image in chunk])) for chunk in chunks]
+
+
+class CalibrationImages:
+    """onnxruntime.quantization's calibration data reader (get_next, None at the end) over image batches."""
+
+    def __init__(self, batches: list[Tensor]) -> None:
+        self.batches = iter(batches)
+
+    def get_next(self) -> dict[str, object] | None:
+        images = next(self.batches, None)  # [B, C, H, W]
+        return None if images is None else {"images": images.numpy()}
+
+
+def quantize_int8(float_onnx: Path, int8_onnx: Path, mode: str, calibration: list[Tensor], work: Path) -> None:
+    """Write the int8 version of `float_onnx` to `int8_onnx`; `calibration` (image batches [B, C, H, W]) sets
+    the static ranges. `work` holds the intermediate files."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_dynamic, quantize_static
+
+    prepared = work / "prepared.onnx"
+    # Shape inference and onnxruntime's graph optimisations: the exporter computes the LSTM's weights
+    # from the checkpoint's with Slice and Concat nodes, and only weights folded into constants are quantized.
+    quant_pre_process(float_onnx, prepared)
+    if mode == "static":
+        calibrated = work / "static.onnx"
+        # QDQ, the format onnxruntime recommends, fuses into QLinearConv; per-channel weight scales keep
+        # a convolution's small filters apart from its large ones. The calibrator holds every batch's
+        # convolution inputs and outputs (about 200 MB for CALIBRATION_IMAGES at 32 x 128): its option
+        # to merge them as it goes, CalibMaxIntermediateOutputs, drops them unmeasured instead
+        # (microsoft/onnxruntime#18893, in 1.31.1).
+        quantize_static(prepared, calibrated, CalibrationImages(calibration), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=STATIC_OP_TYPES, per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+        prepared = calibrated
+    quantize_dynamic(prepared, int8_onnx, op_types_to_quantize=DYNAMIC_OP_TYPES, weight_type=QuantType.QInt8)
+
+
+@dataclass(frozen=True)
+class Int8Comparison:
+    """The int8 model's readings against the float model's and against the labels."""
+
+    images: int
+    identical: int  # decoded texts the two models agree on
+    scored: int  # images whose label is not empty in the metric mode's form (plain image files have none)
+    float_correct: int
+    int8_correct: int
+
+    @property
+    def accuracy_drop(self) -> float:
+        """Percentage points of word accuracy lost to int8 (negative: int8 read more right)."""
+        return 100 * (self.float_correct - self.int8_correct) / self.scored
+
+    @property
+    def differing_percent(self) -> float:
+        """The share of texts that differ: without labels, the most accuracy int8 can have cost."""
+        return 100 * (self.images - self.identical) / self.images
+
+
+@torch.inference_mode()
+def compare_int8(float_model: Runner, int8_model: Runner, codec: CTCCodec, images: list[tuple[str, bytes, str | None]],
+                 preprocessing: Preprocessing, mode: str) -> Int8Comparison:
+    """Read `images` with both models and count agreements, and right readings under metric `mode`."""
+    counts = dict.fromkeys(("images", "identical", "scored", "float_correct", "int8_correct"), 0)
+    for positions, batch in batches_at_width([(name, image) for name, image, _ in images], preprocessing, INT8_BATCH):
+        labels = [images[position][2] for position in positions]
+        for label, float_text, int8_text in zip(labels, decoded_texts(codec, float_model(batch)),
+                                                decoded_texts(codec, int8_model(batch))):
+            counts["images"] += 1
+            counts["identical"] += float_text == int8_text
+            truth = "" if label is None else compared_form(codec.normalize(label), mode, codec.alphabet)
+            if truth:  # a label of symbols only says nothing under `benchmark`
+                counts["scored"] += 1
+                counts["float_correct"] += compared_form(float_text, mode, codec.alphabet) == truth
+                counts["int8_correct"] += compared_form(int8_text, mode, codec.alphabet) == truth
+    return Int8Comparison(**counts)
+
+
+def int8_report(comparison: Int8Comparison, mode: str, max_drop: float) -> tuple[list[str], str | None]:
+    """Report lines, and why the int8 model is refused (None when it passes the gate)."""
+    lines = [f"decoded texts identical to float's: {comparison.identical} of {comparison.images}"
+             f" ({100 - comparison.differing_percent:.2f} %)"]
+    if comparison.scored:
+        float_accuracy = 100 * comparison.float_correct / comparison.scored
+        int8_accuracy = 100 * comparison.int8_correct / comparison.scored
+        lines.append(f"word accuracy ({mode}) on {comparison.scored} labelled images: float {float_accuracy:.2f} %,"
+                     f" int8 {int8_accuracy:.2f} % ({int8_accuracy - float_accuracy:+.2f} points; --max-accuracy-drop"
+                     f" {max_drop:g})")
+        if comparison.accuracy_drop > max_drop:
+            return lines, (f"word accuracy fell {comparison.accuracy_drop:.2f} points (float {float_accuracy:.2f} %,"
+                           f" int8 {int8_accuracy:.2f} % on {comparison.scored} labelled images), more than"
+                           f" --max-accuracy-drop {max_drop:g}")
+        return lines, None
+    lines.append("no labels among the images (give a labelled LMDB with --check to measure accuracy): the share of"
+                 " texts that differ stands in for the accuracy drop, as its upper bound")
+    if comparison.differing_percent > max_drop:
+        return lines, (f"{comparison.differing_percent:.2f} % of the texts differ from float's (no labels to measure"
+                       f" accuracy), more than --max-accuracy-drop {max_drop:g}")
+    return lines, None
+
+
+def images_per_second(models: dict[str, Runner], images: Tensor) -> dict[str, list[float]]:
+    """Each model's images/s on `images` [B, C, H, W] in each of SPEED_ROUNDS rounds in which the models
+    take turns, so that a change in the machine's load reaches all of them alike."""
+    repeats = {}
+    for name, model in models.items():
+        model(images)  # untimed: onnxruntime plans its memory on the first run of a shape
+        start = time.perf_counter()
+        model(images)
+        repeats[name] = max(1, math.ceil(SPEED_SECONDS / (time.perf_counter() - start)))
+    rates: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(SPEED_ROUNDS):
+        for name, model in models.items():
+            start = time.perf_counter()
+            for _ in range(repeats[name]):
+                model(images)
+            rates[name].append(repeats[name] * len(images) / (time.perf_counter() - start))
+    return rates
+
+
+@torch.inference_mode()
+def speed_lines(files: dict[str, Path], images: list[tuple[str, bytes]], preprocessing: Preprocessing) -> list[str]:
+    """images/s of each ONNX file under onnxruntime at SPEED_BATCHES, and the files' sizes."""
+    models = {name: onnx_runner(path) for name, path in files.items()}
+    _, batch = batches_at_width(images[:max(SPEED_BATCHES)], preprocessing, max(SPEED_BATCHES))[0]
+    threads = torch.get_num_threads()  # onnx_runner's intra-op threads
+    lines = [f"images/s under onnxruntime on the CPU ({threads} thread{'s' if threads > 1 else ''}, width"
+             f" {preprocessing.width}; medians of {SPEED_ROUNDS} rounds, the models taking turns):"]
+    for size in SPEED_BATCHES:
+        repeated = batch.repeat(math.ceil(size / len(batch)), 1, 1, 1)[:size]  # [size, C, H, W]
+        rates = images_per_second(models, repeated)
+        line = f"  batch {size}: " + ", ".join(f"{name} {statistics.median(rate):.0f}" for name, rate in rates.items())
+        if "int8" in rates:  # each round's own ratio: the models ran under the same load
+            line += f"; int8 {statistics.median(q / f for f, q in zip(rates['float'], rates['int8'])):.2f}x float"
+        lines.append(line)
+    sizes = [f"{name} {path.stat().st_size / 1e6:.1f} MB" for name, path in files.items()]
+    lines.append("  file size: " + ", ".join(sizes))
+    return lines
+
+
+def export_int8(out: Path, codec: CTCCodec, preprocessing: Preprocessing, args: argparse.Namespace,
+                images: list[tuple[str, bytes, str | None]], calibration: list[tuple[str, bytes]]) -> int:
+    """Quantize the float ONNX `out` as `args.int8` says, weigh it against the float model on `images`, and
+    move it into place only when it passes the gate."""
+    target, mode = int8_path(out), args.int8
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=".int8-", dir=out.parent) as work:  # beside `out`: one file system
+        int8_onnx = Path(work) / target.name
+        calibration_batches = [batch for _, batch in batches_at_width(calibration, preprocessing, INT8_BATCH,
+                                                                       "--calibrate")] if calibration else []
+        quantize_int8(out, int8_onnx, mode, calibration_batches, Path(work))
+        calibrated = f", calibrated on {len(calibration)} images" if calibration else ""
+        print(f"quantized to int8 ({mode}{calibrated}) in {time.perf_counter() - start:.1f} s; comparing with the"
+              f" float model on {len(images)} images")
+        comparison = compare_int8(onnx_runner(out), onnx_runner(int8_onnx), codec, images, preprocessing,
+                                  args.metric_mode)
+        lines, refusal = int8_report(comparison, args.metric_mode, args.max_accuracy_drop)
+        print("\n".join(lines))
+        if args.speed:
+            print("\n".join(speed_lines({"float": out, "int8": int8_onnx},
+                                        [(name, image) for name, image, _ in images], preprocessing)))
+        if refusal:
+            # Dynamic keeps the convolutions in float: what to try when the static model fails the gate.
+            fallback = ", or try --int8 dynamic" if mode == "static" else ""
+            print(f"int8 check FAILED: {refusal}; no int8 file written (raise --max-accuracy-drop to accept it"
+                  f"{fallback})")
+            return 1
+        os.replace(int8_onnx, target)
+    print(f"int8 check passed: wrote {target} ({target.stat().st_size / 1e6:.1f} MB)")
+    return 0
 
 
 def export_easyocr(model: nn.Module, codec: CTCCodec, config: Config, preprocessing: Preprocessing, out: Path,
@@ -300,7 +591,11 @@ def main() -> int:
     if out.resolve() == checkpoint.resolve():
         raise ValueError(f"--out {out} is the checkpoint itself")
     out.parent.mkdir(parents=True, exist_ok=True)
-    images, origin = check_images(args.check, codec.alphabet, args.check_limit)  # before exporting: fail early
+    # The images are read before exporting: a bad path fails in a second, not after the export.
+    images, origin = check_images(args.check, codec.alphabet, args.check_limit)
+    if args.int8:
+        int8_images = labelled_images(args.check, codec.alphabet, args.int8_check_limit)
+        calibration = encoded_images(args.calibrate, CALIBRATION_IMAGES) if args.calibrate else []
     if args.format == "easyocr":
         return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem, args.lang,
                               images, origin)
@@ -308,6 +603,11 @@ def main() -> int:
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:
             raise ValueError(f"--format onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
+        if (args.int8 or args.speed) and importlib.util.find_spec("onnxruntime") is None:
+            raise ValueError(f"--{'int8' if args.int8 else 'speed'} needs onnxruntime: pip install -r"
+                             " requirements-export.txt")
+        if args.int8:  # a stale int8 file of an earlier export must not pass for this model's
+            int8_path(out).unlink(missing_ok=True)
 
     start = time.perf_counter()
     # Batch 2: torch.export would specialise a batch axis traced at size 1.
@@ -330,7 +630,13 @@ def main() -> int:
     print(f"checking against PyTorch on {origin}")
     lines = compare(model, exported, codec, check_batches(images, preprocessing, min_width, single), args.tolerance)
     print("\n".join(lines))
-    return 1 if lines[-1].startswith("check FAILED") else 0
+    if lines[-1].startswith("check FAILED"):  # no int8 model is made from a float model that failed
+        return 1
+    if args.int8:
+        return export_int8(out, codec, preprocessing, args, int8_images, calibration)
+    if args.speed:
+        print("\n".join(speed_lines({"float": out}, images, preprocessing)))
+    return 0
 
 
 if __name__ == "__main__":
