@@ -107,13 +107,9 @@ class LexiconDecoder:
         """The spellings of the lexicon's words within `max_distance` of `reading`, in every case the model emits."""
         matches = self.process.extract(reading.lower(), self.keys, scorer=self.distance,
                                        score_cutoff=self.max_distance, limit=None)
-        spellings = []
-        for key, _, _ in matches:
-            for spelling in (*self.spellings[key], key, key.title(), key.upper()):
-                spelling = self.codec.normalize(spelling)
-                if spelling not in spellings and not self.codec.unknown_characters(spelling):
-                    spellings.append(spelling)
-        return spellings
+        spellings = dict.fromkeys(self.codec.normalize(spelling) for key, _, _ in matches
+                                  for spelling in (*self.spellings[key], key, key.title(), key.upper()))
+        return [spelling for spelling in spellings if not self.codec.unknown_characters(spelling)]
 
     def __call__(self, logits: Tensor) -> list[Reading]:
         log_probs = logits.detach().float().log_softmax(-1).cpu()  # [B, T, C]

@@ -337,4 +337,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, expected=(ImportError,))  # a missing optional extra (--decoder beam, lexicon): one line

@@ -133,4 +133,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, expected=(ImportError,))  # a missing optional extra (--decoder beam, lexicon): one line

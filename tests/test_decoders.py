@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
@@ -142,3 +143,20 @@ def test_a_missing_decode_extra_is_named_with_the_install_command(monkeypatch):
     with pytest.raises(ImportError, match=r"--decoder beam needs fast_ctc_decoder; install it with: pip install -r "
                                           r"requirements-decode.txt"):
         build_decoder("beam", CTCCodec("abc"))
+
+
+@pytest.mark.slow
+def test_eval_and_predict_name_a_missing_extra_in_one_line(tiny_run, synth, tmp_path):
+    """A decoder package that fails to import (here: one that raises, put first on the path) is one
+    `error:` line naming the install command, not a traceback."""
+    (tmp_path / "fast_ctc_decoder").mkdir()
+    (tmp_path / "fast_ctc_decoder" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    environment = {**run_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    image = write_images(synth, tmp_path / "images", 1)[0]
+    for command in (["scripts/eval.py", str(tiny_run / "last.pt"), str(synth / "val")],
+                    ["scripts/predict.py", str(tiny_run / "last.pt"), str(image)]):
+        result = subprocess.run([sys.executable, *command, "--decoder", "beam", "--precision", "fp32"], cwd=REPO,
+                                env=environment, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip() == ("error: --decoder beam needs fast_ctc_decoder; install it with: "
+                                         "pip install -r requirements-decode.txt")

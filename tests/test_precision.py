@@ -14,6 +14,7 @@ from tests.conftest import REPO, run_env
 from training.precision_choice import choose_precision
 from utils.config import ModelConfig
 from utils.precision import autocast, candidate_precisions, resolve_precision
+from utils.sync_batchnorm import CpuSyncBatchNorm, convert_sync_batchnorm
 
 
 def test_explicit_precisions_are_taken_as_given():
@@ -95,6 +96,18 @@ def test_the_models_own_steps_are_timed_and_the_faster_precision_chosen(two_cand
     # Timing trained a copy: the model's weights and BatchNorm statistics are as they were, with no gradients.
     assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
     assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_a_model_with_global_batch_statistics_is_timed_without_collectives(two_candidates):
+    """Each rank times its own copy and may drop a candidate sooner than another: an all-reduce in the
+    timed step would pair mismatched steps. Here there is no process group, so one would raise."""
+    model = convert_sync_batchnorm(
+        model_from_config(ModelConfig(hidden_size=16, settings={"channels": [4, 8, 8, 8, 8, 8, 8]}), 11),
+        torch.device("cpu"))
+    assert any(isinstance(module, CpuSyncBatchNorm) for module in model.modules())
+    choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), True, log=lambda _: None)
+    assert choice in ("fp32", "bf16")
+    assert any(isinstance(module, CpuSyncBatchNorm) for module in model.modules())  # the model itself is untouched
 
 
 def test_fp16_needs_cuda():

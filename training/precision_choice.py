@@ -13,6 +13,7 @@ from data.transforms import Preprocessing
 from models.losses import ctc_losses
 from utils.distributed import broadcast_object
 from utils.precision import autocast, resolve_precision, timed
+from utils.sync_batchnorm import CpuSyncBatchNorm
 
 
 def model_signature(model: nn.Module) -> str:
@@ -57,6 +58,11 @@ def training_step_timer(model: nn.Module, input_shape: tuple[int, int, int, int]
     """seconds(precision) of one forward + fp32 CTC loss + backward, on a copy of `model` (its BatchNorm
     statistics and gradients stay untouched). The optimizer step is left out: it runs in fp32 either way."""
     trial = copy.deepcopy(model).train()
+    for module in trial.modules():
+        if isinstance(module, CpuSyncBatchNorm):
+            # Its all-reduces would pair each rank's timing steps with the others', and ranks may drop a
+            # candidate at different moments: plain BatchNorm does the same arithmetic without them.
+            module.__class__ = nn.BatchNorm2d
     images = synthetic_batch(input_shape, device, memory_format)
     with torch.no_grad():
         frames, classes = trial(images[:1]).shape[1:]
