@@ -53,5 +53,5 @@ def test_readme_train_command_writes_the_held_out_test_split_and_evaluates_on_it
     shutil.copy(tiny_run / "best.pt", tmp_path / "runs" / "crnn" / "best.pt")
     evaluated = subprocess.run(evaluation.split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr
-    rows = [line.split()[0] for line in evaluated.stdout.splitlines()]
+    rows = [line.split()[0] for line in evaluated.stdout.splitlines() if line.strip()]
     assert "val" in rows and "test" in rows
