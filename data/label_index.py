@@ -26,6 +26,7 @@ import numpy as np
 from data.codec import CTCCodec, ctc_min_frames
 from data.lmdb_env import highest_index, lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, label_key
+from utils.cache_home import cache_home
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
                 "too long for CTC")
@@ -130,7 +131,7 @@ def index_cache_dir(setting: str) -> Path | None:
     if setting == "off":
         return None
     if setting == "auto":
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crnn-ocr" / "lmdb-index"
+        return cache_home() / "lmdb-index"
     return Path(setting).expanduser()
 
 

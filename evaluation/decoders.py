@@ -64,6 +64,7 @@ class BeamDecoder:
             raise ValueError(f"--beam-size {beam_size}: must be at least 1")
         self.search = optional_module("fast_ctc_decoder", "beam").beam_search
         self.labels = [BLANK_LABEL, *codec.alphabet]
+        self.codec = codec
         self.beam_size = beam_size
 
     def __call__(self, logits: Tensor) -> list[Reading]:
@@ -71,7 +72,7 @@ class BeamDecoder:
         readings = []
         for frames in log_probs:
             text, _ = self.search(np.ascontiguousarray(frames.exp().numpy()), self.labels, beam_size=self.beam_size)
-            readings.append(Reading(text, aligned_char_probs(frames, [self.labels.index(char) for char in text])))
+            readings.append(Reading(text, aligned_char_probs(frames, self.codec.encode([text])[0].tolist())))
         return readings
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from utils.atomic_write import write_text_atomically
+from utils.cache_home import cache_home
 
 # x86 instructions that compute in bf16. oneDNN also "supports" bf16 on plain AVX-512 (and torch's
 # _is_mkldnn_bf16_supported says so), but emulates it there: 3.3x slower than fp32 on an Ice Lake Xeon.
@@ -115,7 +115,7 @@ def describe(seconds: dict[str, float]) -> str:
 
 
 def choice_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crnn-ocr" / "precision.json"
+    return cache_home() / "precision.json"
 
 
 def read_choices(path: Path) -> dict[str, dict]:
