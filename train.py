@@ -252,10 +252,12 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
     if config.model.sync_bn and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
     cache = index_cache_dir(data.index_cache)
-    train_sets = [LmdbDataset(root, codec, frames, build_transform(config, train=True), index_cache=cache)
-                  for root in data.train]
+    remove_unknown = data.unknown_characters == "remove"
+    train_sets = [LmdbDataset(root, codec, frames, build_transform(config, train=True), remove_unknown=remove_unknown,
+                              index_cache=cache) for root in data.train]
     val_transform = build_transform(config)
-    val_sets = [LmdbDataset(root, codec, frames, val_transform, index_cache=cache) for root in data.val]
+    val_sets = [LmdbDataset(root, codec, frames, val_transform, remove_unknown=remove_unknown, index_cache=cache)
+                for root in data.val]
     loader, sampler = build_train_loader(train_sets, codec, config.train.batch_size, data.train_ratios or None,
                                          config.train.seed, data.num_workers, env)
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format

@@ -7,13 +7,15 @@
 
 What is written: real words (data/words/english.txt, from SCOWL: data/words/LICENSE-SCOWL.txt, or
 `--words FILE`), numbers as they occur in print (years, amounts, prices, dates, codes), and random
-strings; with a case-folding alphabet (lowercase, no capitals) in lower, Capitalised and UPPER case,
-the label folded. Typefaces: every font installed on the machine (fontconfig), every font package
-(`pip install -r requirements-fonts.txt`) and `--fonts DIR`; a text is drawn only with a font that has
-all of its characters. Appearance: dark-on-light and light-on-dark, flat, gradient, noisy, blotchy
-and striped backgrounds or `--backgrounds` photos; outlines, shadows, letter spacing, curved
-baselines, neighbouring words and lines cut by tight or loose crops; rotation, shear, perspective;
-blur, motion blur, low resolution, noise, JPEG artefacts.
+strings, now and then with punctuation beside them (a mark the alphabet lacks is drawn, not
+labelled, as the benchmarks score it); with a case-folding alphabet (lowercase, no capitals) in
+lower, Capitalised and UPPER case, the label folded. Typefaces: every font installed on the machine
+(fontconfig), every font package (`pip install -r requirements-fonts.txt`) and `--fonts DIR`; a text
+is drawn only with a font that has all of its characters. Appearance: dark-on-light and
+light-on-dark, flat, gradient, noisy, blotchy and striped backgrounds or `--backgrounds` photos;
+outlines, shadows, letter spacing, curved baselines, neighbouring words and lines cut by tight or
+loose crops; rotation, shear, perspective, short words steeply tilted in an upright crop; blur,
+motion blur, low resolution, noise, JPEG artefacts.
 
 `test` is rendered only with font families and background styles that train and val never use
 (`--held-out-fonts`; paper, ruled/squared grid and halftone backgrounds; every fifth photo), so it

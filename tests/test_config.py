@@ -5,6 +5,11 @@ import pytest
 from utils.config import ConfigError, from_dict, load_config, to_dict, validate
 
 
+@pytest.mark.parametrize("name", ["crnn.yaml", "finetune_real.yaml", "easyocr_en.yaml", "mjst.yaml", "cjk.yaml"])
+def test_every_shipped_config_is_valid(name):
+    validate(load_config(name, []))
+
+
 def test_bare_name_is_found_in_configs_and_defaults_are_valid():
     config = load_config("crnn.yaml", [])
     validate(config)
@@ -43,7 +48,8 @@ def test_unknown_key_in_a_yaml_file_names_file_and_key(tmp_path):
         load_config(str(path), [])
 
 
-@pytest.mark.parametrize("override", ["train.precision=fp8", "data.eval_width_step=-8", "data.num_workers=-1"])
+@pytest.mark.parametrize("override", ["train.precision=fp8", "data.eval_width_step=-8", "data.num_workers=-1",
+                                      "data.unknown_characters=keep"])
 def test_validate_rejects_bad_choices(override):
     config = load_config("crnn.yaml", [override])
     with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):

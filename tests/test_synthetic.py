@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from data.synthetic.text import MARKS
 from tests.conftest import read_lmdb, run_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
@@ -129,6 +130,8 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
     top_ink: dict[str, list[float]] = {"a": [], "A": []}
     for (image_bytes, label), meta in zip(read_lmdb(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "train")):
         assert label == "a"
+        if meta["text"] not in top_ink:  # with a mark beside it: its ink would count
+            continue
         gray = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("L"), dtype=np.float32)
         border = np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
         difference = np.abs(gray - np.median(border))
@@ -208,6 +211,38 @@ def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
     generate(tmp_path / "again", *options, workers=1)
     for split in ("train", "val"):
         assert read_lmdb(tmp_path / "again" / split) == read_lmdb(tmp_path / "synth" / split)
+
+
+@pytest.mark.slow
+def test_marks_the_alphabet_lacks_are_drawn_but_not_labelled(dejavu, tmp_path):
+    """"Direction?" is labelled "direction", as the benchmarks score it; with "?" in the alphabet, "direction?"."""
+    options = ("--train", "300", "--val", "0", "--test", "0", "--no-system-fonts", "--fonts", str(dejavu))
+    generate(tmp_path / "plain", *options)
+    samples = list(zip(read_lmdb(tmp_path / "plain" / "train"), metas(tmp_path / "plain" / "train")))
+    marked = [(label, meta["text"]) for (_, label), meta in samples if set(meta["text"]) & set(MARKS)]
+    assert 0.05 * len(samples) < len(marked) < 0.3 * len(samples)
+    for label, text in marked:
+        assert label == "".join(char for char in text if char not in MARKS).lower()
+    generate(tmp_path / "with_marks", *options, "--alphabet", ALPHABET + "?!.,")
+    labels = [label for _, label in read_lmdb(tmp_path / "with_marks" / "train")]
+    assert sum(any(mark in label for mark in "?!.,") for label in labels) > 0.03 * len(labels)
+
+
+@pytest.mark.slow
+def test_some_short_texts_are_steeply_tilted_in_an_upright_crop(dejavu, tmp_path):
+    """A word at 8 to 40 degrees, cropped by its upright bounding box (IC15's look): a taller crop than
+    its text would need level."""
+    generate(tmp_path / "synth", "--train", "400", "--val", "0", "--test", "0", "--no-system-fonts",
+             "--fonts", str(dejavu))
+    samples = list(zip(read_lmdb(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "train")))
+    tilted = [(Image.open(io.BytesIO(image)).width, meta) for (image, _), meta in samples if "tilt" in meta["effects"]]
+    assert 0.03 * len(samples) < len(tilted) < 0.2 * len(samples)
+    assert all(len(meta["text"]) <= 8 for _, meta in tilted)
+    level = [Image.open(io.BytesIO(image)).width for (image, _), meta in samples
+             if not set(meta["effects"]) & {"tilt", "rotation or shear", "perspective"} and len(meta["text"]) >= 6]
+    # At 32 px high, a tilted word of 6 to 8 characters is narrower than a level one.
+    tilted_long = [width for width, meta in tilted if len(meta["text"]) >= 6]
+    assert np.median(tilted_long) < 0.8 * np.median(level)
 
 
 @pytest.mark.parametrize("options, message", [

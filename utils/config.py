@@ -45,6 +45,10 @@ class DataConfig:
     # The characters the model reads: the characters themselves, or a .txt file with one per line.
     alphabet: str = "0123456789abcdefghijklmnopqrstuvwxyz"
     fold_case: bool = True  # lowercase labels before encoding (for a case-insensitive alphabet)
+    # A training label with characters outside the alphabet ("$10", "Direction?"): drop the sample, or
+    # remove those characters and train on the rest, as the benchmarks' protocol scores them (real data
+    # is full of punctuation a 36-character model cannot emit). Validation then scores them that way too.
+    unknown_characters: str = "drop"
     img_height: int = 32
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
@@ -315,6 +319,7 @@ def validate(config: Config) -> None:
         "model.in_channels": (config.model.in_channels, (1, 3)),
         "data.interpolation": (config.data.interpolation, tuple(INTERPOLATIONS)),
         "data.augment": (config.data.augment, LEVELS),
+        "data.unknown_characters": (config.data.unknown_characters, ("drop", "remove")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import ImageFont
 
-from data.synthetic.text import capital
+from data.synthetic.text import MARKS, capital
 
 FONT_SUFFIXES = (".ttf", ".otf", ".ttc")
 FONT_PACKAGE_GROUP = "fontpkg.family"
@@ -141,6 +141,7 @@ class FontCoverage:
     font: Font
     characters: str  # the alphabet's characters this font can draw (in every case drawn), alphabet order
     character_set: frozenset[str]
+    marks: str = ""  # the MARKS outside the alphabet it draws
 
     def draws(self, text: str) -> bool:
         return self.character_set.issuperset(text)
@@ -179,8 +180,9 @@ def plan_fonts(fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[
             continue
         characters = "".join(char for char in alphabet
                              if set(drawable_form(char) if draw_capitals else char) <= covered)
+        marks = covered_characters(font.path, "".join(mark for mark in MARKS if mark not in alphabet))
         if characters.strip():
-            usable.append(FontCoverage(font, characters, frozenset(characters)))
+            usable.append(FontCoverage(font, characters, frozenset(characters), marks))
         else:
             unusable.append((font.path, "no character of the alphabet"))
     families = {coverage.font.family for coverage in usable}

@@ -18,13 +18,17 @@ from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
 from data.synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, luminance, paint
 from data.synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
-from data.synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words
+from data.synthetic.text import MARKS, WORDS_FILE, TextSampler, folds_case, load_words
 
 IMAGE_HEIGHT = 32
 MIN_WIDTH, MAX_WIDTH = 16, 300
 FONT_SIZES = (24, 44)
 MIN_CONTRAST = 70  # luminance (0-255) between text and background: varied, yet readable
 TEST_SPLIT = "test"  # rendered with the held-out font families and background styles only
+# Incidental text (IC15) is often steeply tilted: 345 of its 4,468 training crops are taller than wide,
+# most of them short words at 10 to 60 degrees in an upright box. A share of the short texts is drawn
+# so; a long one at 40 degrees would no longer be a word crop.
+TILT_SHARE, TILT_DEGREES, TILT_MAX_LENGTH = 0.12, (8, 40), 8
 
 
 @dataclass(frozen=True)
@@ -123,21 +127,30 @@ def text_color(rng: random.Random, background: float, light_text: bool) -> np.nd
     return np.full(3, 255.0 if light_text else 0.0, dtype=np.float32)
 
 
-def geometry(rng: random.Random, width: int, height: int) -> tuple[Image.Transform, tuple[float, ...]] | None:
-    """A rotation with shear, or a perspective, as Image.transform's inverse coefficients; None for none."""
+def steep_tilt(rng: random.Random, text: str) -> float:
+    """Degrees of a steep tilt for `text`, or 0."""
+    if len(text) > TILT_MAX_LENGTH or rng.random() >= TILT_SHARE:
+        return 0.0
+    return rng.choice((-1, 1)) * rng.uniform(*TILT_DEGREES)
+
+
+def geometry(rng: random.Random, width: int, height: int,
+             tilt: float) -> tuple[Image.Transform, tuple[float, ...]] | None:
+    """A rotation with shear (by `tilt` degrees where it is not 0), or a perspective, as Image.transform's
+    inverse coefficients; None for none."""
     choice = rng.random()
-    if choice < 0.35:
+    if choice < 0.35 and not tilt:
         return None
     cx, cy = width / 2, height / 2
-    if choice < 0.75:
-        angle = np.radians(rng.uniform(-3, 3) if rng.random() < 0.85 else rng.uniform(-8, 8))
+    if choice < 0.75 or tilt:
+        angle = np.radians(tilt or (rng.uniform(-3, 3) if rng.random() < 0.85 else rng.uniform(-8, 8)))
         shear = rng.uniform(-0.3, 0.3) if rng.random() < 0.3 else 0.0
         cos, sin = np.cos(angle), np.sin(angle)
         # output (x, y) -> input: rotate by -angle about the centre, then undo the shear
         a, b = cos, sin + shear
         d, e = -sin, cos
         return Image.Transform.AFFINE, (a, b, cx - a * cx - b * cy, d, e, cy - d * cx - e * cy)
-    jitter = 0.12 * min(width, 3 * height)
+    jitter = (0.12 if rng.random() < 0.7 else 0.25) * min(width, 3 * height)  # now and then a steep view
     source = [(rng.uniform(-1, 1) * jitter + x, rng.uniform(-1, 1) * jitter * 0.4 + y)
               for x, y in ((0, 0), (width, 0), (width, height), (0, height))]
     return Image.Transform.PERSPECTIVE, perspective_coefficients([(0, 0), (width, 0), (width, height), (0, height)],
@@ -223,6 +236,7 @@ def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample
         chosen = rng.choice(fonts)
         text = TextSampler(chosen.characters, (), plan.text.max_length).random_string(rng)
         label = plan.text.label(text)
+    text = plan.text.punctuate(rng, text, chosen.marks)
     size = rng.randint(*FONT_SIZES)
     font = load_font(chosen.font.path, size)
     variation = vary(font, rng)
@@ -230,16 +244,19 @@ def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample
 
     ascent, descent = font.getmetrics()
     width_of_text = max(x + font.getlength(piece) for piece, x, _ in pieces)
-    margin = size  # room for the crop's margins and what the geometry moves in
-    width, height = round(width_of_text + 2 * margin), round(ascent + descent + 2 * margin)
-    origin = (margin, margin + ascent)
+    tilt = steep_tilt(rng, text)
+    # Room for the crop's margins and what the geometry moves in; a tilt lifts the text's ends too.
+    margin = size
+    margin_y = round(margin + 0.5 * width_of_text * abs(np.sin(np.radians(tilt))))
+    width, height = round(width_of_text + 2 * margin), round(ascent + descent + 2 * margin_y)
+    origin = (margin, margin_y + ascent)
 
     styles, photos = plan.styles_for(split)
     style = rng.choice(styles)
     light_background = rng.random() < 0.7
     photo = rng.choice(photos) if style == PHOTO else None
     background = paint(style, rng, noise, width, height, light_background, photo)
-    background_luminance = float(luminance(background[margin:height - margin, margin:width - margin].mean((0, 1))))
+    background_luminance = float(luminance(background[margin_y:height - margin_y, margin:width - margin].mean((0, 1))))
     light_text = background_luminance < 128
     color = text_color(rng, background_luminance, light_text)
 
@@ -282,13 +299,16 @@ def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample
 
     if len(pieces) > 1:
         effects.append("letter spacing or curve")
-    transform = geometry(rng, width, height)
+    if tilt:
+        effects.append("tilt")
+    transform = geometry(rng, width, height, tilt)
     if transform is not None:
         effects.append("rotation or shear" if transform[0] == Image.Transform.AFFINE else "perspective")
         kind, coefficients = transform
         canvas = canvas.transform(canvas.size, kind, coefficients, Image.Resampling.BILINEAR)
         mask = mask.transform(mask.size, kind, coefficients, Image.Resampling.BILINEAR)
-    box = mask.point(lambda value: 255 if value > 64 else 0).getbbox() or (margin, margin, width - margin, height - margin)
+    box = (mask.point(lambda value: 255 if value > 64 else 0).getbbox()
+           or (margin, margin_y, width - margin, height - margin_y))
     image = canvas.crop(crop_box(rng, box, size, width, height, neighbours))
 
     image = degrade(image, rng, noise, effects)
@@ -322,7 +342,8 @@ def build_plan(alphabet: str, max_length: int, words_file: Path | None = WORDS_F
     # Every fifth photo is held out for test, so test's photo backgrounds are unseen too.
     held_out_photos = tuple(photos[4::5]) if len(photos) >= 2 else ()
     train_photos = tuple(photo for photo in photos if photo not in held_out_photos)
-    return RenderPlan(font_plan, TextSampler(font_plan.alphabet, words, max_length), train_photos,
+    marks = "".join(mark for mark in MARKS if mark not in alphabet)
+    return RenderPlan(font_plan, TextSampler(font_plan.alphabet, words, max_length, marks), train_photos,
                       held_out_photos), skipped
 
 
