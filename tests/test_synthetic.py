@@ -215,7 +215,8 @@ def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
 
 @pytest.mark.slow
 def test_marks_the_alphabet_lacks_are_drawn_but_not_labelled(dejavu, tmp_path):
-    """"Direction?" is labelled "direction", as the benchmarks score it; with "?" in the alphabet, "direction?"."""
+    """"Direction?" is labelled "direction", as the benchmarks score it; a mark the alphabet has is labelled
+    like any other character."""
     options = ("--train", "300", "--val", "0", "--test", "0", "--no-system-fonts", "--fonts", str(dejavu))
     generate(tmp_path / "plain", *options)
     samples = list(zip(read_lmdb(tmp_path / "plain" / "train"), metas(tmp_path / "plain" / "train")))
