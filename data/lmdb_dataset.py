@@ -19,6 +19,10 @@ from data.lmdb_env import lmdb_for_scan, shared_lmdb
 from data.lmdb_keys import image_key, label_key
 from data.transforms import ImageTransform, image_size
 
+# What to do with a label holding characters outside the alphabet: leave the sample out, or remove
+# those characters and keep it (the benchmarks' protocol). data.unknown_characters, eval.py's option.
+UNKNOWN_CHARACTERS = ("drop", "remove")
+
 
 class LmdbDataset(Dataset):
     """The usable samples of one LMDB folder, as `(image [C, H, W], label)` or None if undecodable.

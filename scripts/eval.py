@@ -31,7 +31,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.label_index import DROP_REASONS, index_cache_dir
-from data.lmdb_dataset import Batch, CollateBatch, LmdbDataset
+from data.lmdb_dataset import UNKNOWN_CHARACTERS, Batch, CollateBatch, LmdbDataset
 from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
@@ -92,7 +92,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
     parser.add_argument("--errors-count", type=positive_int, default=32, metavar="N",
                         help="misreads in the --errors grid (default 32)")
-    parser.add_argument("--unknown-characters", default="remove", choices=["remove", "drop"],
+    parser.add_argument("--unknown-characters", default="remove", choices=UNKNOWN_CHARACTERS,
                         help="labels with characters the model cannot emit: remove those characters and score the "
                              "rest (the benchmarks' protocol, default), or leave the sample out")
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from data.augment import LEVELS
+from data.lmdb_dataset import UNKNOWN_CHARACTERS
 from data.transforms import INTERPOLATIONS
 from models import check_model_config
 
@@ -319,7 +320,7 @@ def validate(config: Config) -> None:
         "model.in_channels": (config.model.in_channels, (1, 3)),
         "data.interpolation": (config.data.interpolation, tuple(INTERPOLATIONS)),
         "data.augment": (config.data.augment, LEVELS),
-        "data.unknown_characters": (config.data.unknown_characters, ("drop", "remove")),
+        "data.unknown_characters": (config.data.unknown_characters, UNKNOWN_CHARACTERS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

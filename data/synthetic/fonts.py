@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import ImageFont
 
-from data.synthetic.text import MARKS, capital
+from data.synthetic.text import capital, unlabelled_marks
 
 FONT_SUFFIXES = (".ttf", ".otf", ".ttc")
 FONT_PACKAGE_GROUP = "fontpkg.family"
@@ -180,7 +180,7 @@ def plan_fonts(fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[
             continue
         characters = "".join(char for char in alphabet
                              if set(drawable_form(char) if draw_capitals else char) <= covered)
-        marks = covered_characters(font.path, "".join(mark for mark in MARKS if mark not in alphabet))
+        marks = covered_characters(font.path, unlabelled_marks(alphabet))
         if characters.strip():
             usable.append(FontCoverage(font, characters, frozenset(characters), marks))
         else:

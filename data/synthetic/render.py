@@ -18,7 +18,7 @@ from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
 from data.synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, luminance, paint
 from data.synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
-from data.synthetic.text import MARKS, WORDS_FILE, TextSampler, folds_case, load_words
+from data.synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words, unlabelled_marks
 
 IMAGE_HEIGHT = 32
 MIN_WIDTH, MAX_WIDTH = 16, 300
@@ -342,9 +342,8 @@ def build_plan(alphabet: str, max_length: int, words_file: Path | None = WORDS_F
     # Every fifth photo is held out for test, so test's photo backgrounds are unseen too.
     held_out_photos = tuple(photos[4::5]) if len(photos) >= 2 else ()
     train_photos = tuple(photo for photo in photos if photo not in held_out_photos)
-    marks = "".join(mark for mark in MARKS if mark not in alphabet)
-    return RenderPlan(font_plan, TextSampler(font_plan.alphabet, words, max_length, marks), train_photos,
-                      held_out_photos), skipped
+    return RenderPlan(font_plan, TextSampler(font_plan.alphabet, words, max_length, unlabelled_marks(alphabet)),
+                      train_photos, held_out_photos), skipped
 
 
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")

@@ -27,6 +27,11 @@ MARK_SHARE = 0.15
 LENGTH_WEIGHTS = {1: 3, 2: 12, 3: 16, 4: 16, 5: 13, 6: 11, 7: 9, 8: 7, 9: 5, 10: 4, 11: 2, 12: 2}
 
 
+def unlabelled_marks(alphabet: str) -> str:
+    """The MARKS `alphabet` lacks: drawn beside words, left out of labels."""
+    return "".join(mark for mark in MARKS if mark not in alphabet)
+
+
 def folds_case(alphabet: str) -> bool:
     """Lowercase letters and no capitals: a model for it reads capitals as their lowercase."""
     return any(char.islower() for char in alphabet) and not any(char.isupper() for char in alphabet)
