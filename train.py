@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import yaml
@@ -38,12 +38,12 @@ from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
 from models import count_parameters, model_from_config, output_frames
 from models.losses import ctc_losses
-from training.checkpoint import (load_checkpoint, load_initial_weights, restore_training, save_checkpoint,
-                                 training_checkpoint, weights_checkpoint)
+from training.checkpoint import (check_config, load_checkpoint, load_initial_weights, restore_training,
+                                 save_checkpoint, training_checkpoint, weights_checkpoint)
 from training.log_window import LogWindow
 from training.precision_choice import choose_precision
 from training.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
-                                 point_last_at, prepare_run_folder, prune_checkpoints, write_config)
+                                 lock_run_folder, point_last_at, prepare_run_folder, prune_checkpoints, write_config)
 from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
@@ -82,27 +82,52 @@ def main() -> None:
 
 def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
     log = RunLog(config.train.out_dir if env.is_main else None)
-    resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
-    log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
-    setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
-    start_run_folder(config, env, log, resume_from)
-    val_loaders = build_val_loaders(config, setup, env, log)
-    state = TrainState(window=LogWindow(env.device))
-    if resume_from:
-        resume(config, env, setup, state, log, *resume_from)
-    elif config.train.init_from:
-        log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet))
-    model = wrap_for_training(setup.model, env, config.train.compile)
-    describe_run(config, env, setup, log)
-    if resume_from:  # last: model building and data loading above draw random numbers too
-        restore_random_state(resume_from[1]["rng"], env, log)
-    stop.defer(env.cpu_group)
+    lock = take_run_folder(config, env, log)
     try:
-        train_loop(config, env, setup, model, val_loaders, state, log, stop)
+        resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
+        log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
+        setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
+        state = TrainState(window=LogWindow(env.device))
+        if resume_from:
+            resume(config, env, setup, state, log, *resume_from)
+        elif config.train.init_from:
+            log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet, config))
+        start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
+        val_loaders = build_val_loaders(config, setup, env, log)
+        model = wrap_for_training(setup.model, env, config.train.compile)
+        describe_run(config, env, setup, log)
+        if resume_from:  # last: model building and data loading above draw random numbers too
+            restore_random_state(resume_from[1]["rng"], env, log)
+        stop.defer(env.cpu_group)
+        try:
+            train_loop(config, env, setup, model, val_loaders, state, log, stop)
+        finally:
+            log.close()  # flushes TensorBoard, also when stopped by a signal
     finally:
-        log.close()  # flushes TensorBoard, also when stopped by a signal
-    log.info(f"done: step {state.step}, best val accuracy {state.best_accuracy:.4f}; checkpoints in "
+        if lock is not None:
+            lock.close()
+    best = f"{state.best_accuracy:.4f}" if state.best_accuracy >= 0 else "none yet"
+    log.info(f"done: step {state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
              f"{config.train.out_dir}")
+
+
+def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> IO[str] | None:
+    """Rank 0 locks the run folder (training.run_folder.lock_run_folder); every rank stops alike when another
+    run holds it. Returns the lock to hold while the run lives (None on other ranks)."""
+    lock, refusal = None, ""
+    if env.is_main:
+        try:
+            lock, leftovers = lock_run_folder(config.train.out_dir)
+        except ConfigError as error:
+            refusal = str(error)
+        else:
+            if leftovers:
+                log.info(f"removed {len(leftovers)} temporary file(s) a run killed while writing left: "
+                         f"{', '.join(path.name for path in leftovers)}")
+    refusal = broadcast_object(refusal, group=env.cpu_group)
+    if refusal:
+        raise ConfigError(refusal)
+    return lock
 
 
 def train_loop(config: Config, env: DistEnv, setup: Setup, model: nn.Module, val_loaders: list[DataLoader],
@@ -334,9 +359,20 @@ def build_val_loaders(config: Config, setup: Setup, env: DistEnv, log: RunLog) -
 
 def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: RunLog, path: str,
            checkpoint: dict[str, Any]) -> None:
+    changes = check_config(checkpoint, path, config, "train.resume")
     restore_training(checkpoint, path, setup.model, setup.optimizer, setup.scheduler, setup.scaler,
                      setup.codec.alphabet, setup.average)
+    if changes:
+        log.info("changed on resume (this run's values apply):\n  " + "\n  ".join(changes))
     state.step, state.best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
+    if state.step > config.train.max_steps:  # the loop would end at once, having trained and saved nothing
+        raise ConfigError(f"train.max_steps={config.train.max_steps}: {path} is at step {state.step} already; set "
+                          f"train.max_steps above {state.step} to train it further")
+    measured_on = checkpoint["config"]["data"]["val"]
+    if measured_on != config.data.val:  # a score of other sets would block every best.pt of these
+        log.info(f"best val accuracy {state.best_accuracy:.4f} was measured on data.val {measured_on}; this run "
+                 f"validates on {config.data.val}: the best score starts afresh, and the next validation writes best.pt")
+        state.best_accuracy = TrainState.best_accuracy
     state.window.load_state_dict(checkpoint["log_window"], env.is_main)
     sampler = setup.sampler
     if checkpoint["data_sizes"] != sampler.sizes:

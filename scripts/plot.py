@@ -87,7 +87,13 @@ def short_names(roots: list[str]) -> dict[str, str]:
     return short
 
 
-def format_value(value: float) -> str:
+def format_value(value: Any) -> str:
+    """A number as the summary and the axes show it; what a hand-edited or foreign log holds instead
+    of a number (null, text) is `n/a`, never a crash."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a"
+    if not math.isfinite(value):
+        return str(value)  # nan, inf: a diverged run's loss, worth seeing as such
     if abs(value) >= 1e6:
         return f"{value / 1e6:g}M"
     if abs(value) >= 1e4:
@@ -139,7 +145,8 @@ def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
     if records.train:
         last = records.train[-1]
         lines.append(f"last step {last['step']}: loss {format_value(last['loss'])}, lr {format_value(last.get('lr', 0))},"
-                     f" {last.get('images_per_s', 0):.0f} images/s")
+                     f" {format_value(round(last['images_per_s']) if is_number(last.get('images_per_s')) else None)}"
+                     f" images/s")
         for key in ("infinite_losses", "undecodable_images", "skipped_steps"):
             total = sum(record.get(key, 0) for record in records.train if is_number(record.get(key)))
             lines.append(f"{key.replace('_', ' ')}: {total}")
@@ -187,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.run.is_dir():
         sys.exit(f"error: run folder {args.run} does not exist")
     metrics = args.run / "metrics.jsonl"
+    if metrics.is_dir():
+        sys.exit(f"error: {metrics} is a folder, not the run's log; is {args.run} a run folder?")
     if not metrics.is_file():
         sys.exit(f"error: {metrics} does not exist: the run has not logged yet (it writes a line every"
                  " train.log_every steps), or this is not a run folder")

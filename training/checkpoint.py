@@ -20,10 +20,8 @@ and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
 """
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,8 @@ from data.codec import CTCCodec
 from data.transforms import Preprocessing
 from models import model_from_config
 from training.weight_average import WeightAverage
-from utils.config import Config, ConfigError, from_dict, to_dict
+from utils.atomic_write import write_atomically
+from utils.config import Config, ConfigError, config_changes, from_dict, to_dict
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.
@@ -55,23 +54,9 @@ def strip_wrapper_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
-    """Write to a temporary file in the same folder, then rename it over `path`.
-
-    The rename is atomic, so `path` always holds either the previous complete checkpoint or the new
-    one, whatever happens during the write.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write atomically (utils.atomic_write): `path` always holds either the previous complete checkpoint
+    or the new one, whatever happens during the write."""
+    write_atomically(path, lambda file: torch.save(checkpoint, file))
 
 
 def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, step: int,
@@ -90,7 +75,8 @@ def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimize
                         data_sizes: list[int], average: WeightAverage | None = None,
                         raw_model: nn.Module | None = None) -> dict[str, Any]:
     """`weights` plus everything an exact resume needs. With a weight `average`, `weights` hold the
-    average, and `raw_model` (then required) is the model the optimizer steps."""
+    average, and `raw_model` (then required) is the model the optimizer steps. `best_accuracy` was
+    measured on the config's data.val: a resumed run that validates on other sets starts it afresh."""
     checkpoint = {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                   "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
                   "data_sizes": data_sizes}
@@ -99,12 +85,32 @@ def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimize
     return checkpoint
 
 
+def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, option: str) -> list[str]:
+    """The one comparison of a checkpoint's config with the run it is loaded into (`option`: train.resume,
+    for the folder's own checkpoints too, or train.init_from). A key its weights are bound to (the
+    architecture, its sizes, the input) is an error, and on resume a key its optimizer state is bound to
+    (optim.name); every other change is this run's to make, and is returned as `key: old -> new` for the
+    log. A checkpoint without a config (a bare state dict) has nothing to compare."""
+    if not isinstance(checkpoint.get("config"), dict):
+        return []
+    changes = config_changes(checkpoint["config"], config)
+    if changes.model:
+        raise ConfigError(f"{option}={path}: its weights were trained for another model (checkpoint -> this run):\n  "
+                          + "\n  ".join(changes.model) + "\nset these keys as the checkpoint has them (its weights "
+                          f"fit no other values), or start without {option}")
+    if option == "train.resume" and changes.optimizer:
+        raise ConfigError(f"{option}={path}: its optimizer state belongs to another optimizer (checkpoint -> this "
+                          f"run):\n  " + "\n  ".join(changes.optimizer) + "\nset it back to continue that run, or "
+                          f"start a new run from its weights with train.init_from={path}")
+    return sorted(changes.optimizer + changes.run + changes.resumable)
+
+
 def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
     return "optimizer" in checkpoint
 
 
 def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+                     scheduler: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler,
                      alphabet: str, average: WeightAverage | None = None) -> None:
     """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume), and the
     weight average when the run keeps one. A checkpoint written without an average starts one there."""
@@ -119,8 +125,17 @@ def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Mod
     model.load_state_dict(checkpoint["raw_model"] if averaged else checkpoint["model"], strict=True)
     if average is not None and averaged:
         average.load(checkpoint["model"], checkpoint["average_updates"])
+    # The state (moments, the step count) comes from the checkpoint, the hyperparameters from this run's
+    # config: optim.lr or optim.weight_decay changed on resume apply, as the log says they do.
+    hyperparameters = [{key: value for key, value in group.items() if key != "params"}
+                       for group in optimizer.param_groups]
     optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
+    for group, values in zip(optimizer.param_groups, hyperparameters):
+        group.update(values)
+    scheduler.load_state_dict(checkpoint["scheduler"])  # its position; the schedule is this run's (LambdaLR)
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
     scaler.load_state_dict(checkpoint["scaler"])
 
 
@@ -209,16 +224,19 @@ def classifier_keys(state_dict: dict[str, torch.Tensor], num_classes: int) -> li
     return [key for key in rows if key.rpartition(".")[0] == module]
 
 
-def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str) -> str:
-    """Copy every tensor of `path` whose name and shape match into `model`; report what happened.
+def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, config: Config | None = None) -> str:
+    """Copy the tensors of `path` into `model`; report what happened and which keys of `config` (this
+    run's) differ from the checkpoint's, after check_config has refused those its weights depend on.
 
     Used by `train.init_from`. The classifier's rows are matched by character whenever the
     checkpoint's alphabet differs from `alphabet` (in order or in content): a shared character's row
     is copied to its new place, the blank's stays first, and the rows of new characters keep their
     fresh initialisation. A checkpoint that records no alphabet cannot be matched, so its
-    classifier is not used.
+    classifier is not used. Every tensor outside the classifier must load: a backbone that does not fit
+    would train from scratch under a name that says otherwise, so it is an error.
     """
     checkpoint = load_checkpoint(path)
+    changes = check_config(checkpoint, path, config, "train.init_from") if config is not None else []
     source, target = checkpoint["model"], model.state_dict()
     classifier = classifier_keys(target, len(alphabet) + 1)
     loaded = {key: value for key, value in source.items()
@@ -250,15 +268,19 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str) -> s
         else:
             lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
                          f"alphabet of {len(old_alphabet)} characters")
-    reinitialised = sorted(key for key in source if key in target and key not in loaded and key not in classifier)
+    fresh = sorted(key for key in target if key not in loaded and key not in classifier
+                   and not key.endswith("num_batches_tracked"))  # a counter BatchNorm keeps, not a weight
+    if fresh:
+        raise ConfigError(
+            f"train.init_from={path}: {len(fresh)} of the model's {len(target) - len(classifier)} tensors outside "
+            f"the classifier are missing from it or of another shape ({', '.join(fresh[:4])}"
+            f"{', ...' if len(fresh) > 4 else ''}): it was made for another architecture; set model.* as it was "
+            f"trained, or start without train.init_from")
     unexpected = sorted(key for key in source if key not in target)
-    missing = sorted(key for key in target if key not in source)
     model.load_state_dict(loaded, strict=False)
     lines.insert(0, f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors")
-    if reinitialised:
-        lines.append(f"  re-initialised (shape differs): {', '.join(reinitialised)}")
-    if missing:
-        lines.append(f"  missing from the checkpoint (fresh): {', '.join(missing)}")
     if unexpected:
         lines.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
+    if changes:
+        lines.append(f"  this run's config, not the checkpoint's: {'; '.join(changes)}")
     return "\n".join(lines)

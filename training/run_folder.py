@@ -5,24 +5,28 @@
     runs/crnn/last.pt                 the newest of them (a hard link: no second write)
     runs/crnn/best.pt                 the best validation accuracy so far
     runs/crnn/metrics.jsonl           the log
+    runs/crnn/.lock                   locked (flock) by the live run's rank 0, which wrote its PID and host there
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
-from utils.atomic_write import write_text_atomically
-from utils.config import Config, ConfigError, resumable_keys, to_dict
+from utils.atomic_write import remove_leftovers, write_text_atomically
+from utils.config import Config, ConfigError, config_changes, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")
+LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
 
 
@@ -39,15 +43,20 @@ def numbered_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def find_latest_checkpoint(out_dir: str | Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
-    """The newest numbered checkpoint that loads, with its contents; unreadable ones are skipped with a warning."""
-    for step, path in numbered_checkpoints(out_dir):
+    """The newest numbered checkpoint that loads, with its contents; unreadable ones are skipped with a
+    warning. Without one, last.pt: the numbered files may have been deleted to save space, and starting
+    afresh would then overwrite the run's last state."""
+    candidates: list[tuple[int | None, Path]] = [*numbered_checkpoints(out_dir), (None, Path(out_dir) / "last.pt")]
+    for step, path in candidates:
+        if step is None and not path.is_file():
+            continue
         try:
             checkpoint = load_checkpoint(path)
         except ValueError as error:
             warn(f"warning: skipping {path}: {error}")
             continue
-        if checkpoint.get("step") != step or not is_training_checkpoint(checkpoint):
-            warn(f"warning: skipping {path}: not a training checkpoint of step {step}")
+        if step not in (None, checkpoint.get("step")) or not is_training_checkpoint(checkpoint):
+            warn(f"warning: skipping {path}: not a training checkpoint" + (f" of step {step}" if step is not None else ""))
             continue
         return path, checkpoint
     return None
@@ -61,7 +70,7 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
 def point_last_at(checkpoint: Path) -> None:
     """Make `last.pt` the same file as `checkpoint`, replacing the old one atomically."""
     last = checkpoint.parent / "last.pt"
-    temporary = checkpoint.parent / ".last.pt.link"
+    temporary = checkpoint.parent / f".last.pt.{os.getpid()}.tmp"  # the leftover name remove_leftovers knows
     temporary.unlink(missing_ok=True)
     try:
         os.link(checkpoint, temporary)
@@ -76,31 +85,6 @@ def holds_a_run(out_dir: str | Path) -> bool:
     replaces it."""
     folder = Path(out_dir)
     return any((folder / name).exists() for name in CHECKPOINT_FILES) or bool(numbered_checkpoints(folder))
-
-
-def config_differences(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: old -> new` for every key that defines the run (see utils.config.resumable) whose value differs."""
-    differences = []
-    resumable = resumable_keys()
-    for key in sorted(set(previous) | set(current)):
-        full_key = f"{prefix}{key}"
-        old, new = previous.get(key), current.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            differences += config_differences(old, new, prefix=f"{full_key}.")
-        elif old != new and full_key not in resumable:
-            differences.append(f"{full_key}: {old!r} -> {new!r}")
-    return differences
-
-
-def with_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """`values`, plus every key of `defaults` it lacks (in nested sections too)."""
-    merged = dict(values)
-    for key, default in defaults.items():
-        if key not in merged:
-            merged[key] = default
-        elif isinstance(default, dict) and isinstance(merged[key], dict):
-            merged[key] = with_defaults(merged[key], default)
-    return merged
 
 
 def check_run_folder(config: Config) -> None:
@@ -127,8 +111,7 @@ def check_run_folder(config: Config) -> None:
     if not isinstance(previous, dict):
         raise ConfigError(f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
                           f"train.out_dir or set train.overwrite=true")
-    # A key the saved config lacks was added to the project after that run started: it ran with the default.
-    differences = config_differences(with_defaults(previous, to_dict(Config())), to_dict(config))
+    differences = config_changes(previous, config).defining
     if differences:
         raise ConfigError(
             f"train.out_dir={out_dir} holds a run with another configuration:\n  " + "\n  ".join(differences)
@@ -166,3 +149,25 @@ def clear_run_folder(out_dir: str | Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def lock_run_folder(out_dir: str | Path) -> tuple[IO[str], list[Path]]:
+    """Take the run folder for this process, or refuse: two runs writing into one folder would mix their
+    checkpoints and logs. The lock is the kernel's (flock on out_dir/.lock), so it dies with its process
+    and a crashed run never blocks the next one. Holding it, this process removes the temporary files a
+    killed run left. Returns the open lock file (keep it open while the run lives) and what was removed."""
+    path = Path(out_dir) / LOCK_FILE
+    lock = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "a process that has not written its PID yet"
+        lock.close()
+        raise ConfigError(f"train.out_dir={out_dir} is in use by another run ({holder}); wait for it to end, stop "
+                          f"it, or pick another train.out_dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"PID {os.getpid()} on host {socket.gethostname()}\n")
+    lock.flush()
+    return lock, remove_leftovers(out_dir)

@@ -5,7 +5,6 @@ Other ranks get a RunLog that does nothing, so call sites need no `if rank == 0`
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from utils.atomic_write import write_text_atomically
 from utils.jsonl import read_jsonl
 
 
@@ -69,9 +69,7 @@ class RunLog:
             self.info(f"warning: {self.metrics_path}: dropped {unreadable} unreadable line(s), what a crash or a full "
                       f"disk leaves when it cuts a write short")
         kept = [line + "\n" for line, record in rows if not isinstance(record, dict) or record.get("step", 0) <= step]
-        temporary = self.metrics_path.with_suffix(".tmp")
-        temporary.write_text("".join(kept), encoding="utf-8")
-        os.replace(temporary, self.metrics_path)
+        write_text_atomically(self.metrics_path, "".join(kept))
 
     def start_progress(self, total: int, initial: int) -> None:
         if self.enabled:

@@ -1,14 +1,64 @@
-"""Text files replaced whole: written beside their place, then renamed over it, so a crash never leaves
-half a file where a good one was."""
+"""Files replaced whole: written beside their place, then renamed over it, so a crash never leaves
+half a file where a good one was. One writer for every such file (checkpoints, config.yaml, logs), so
+the temporary names, the permissions and the leftovers of a killed process are handled in one place."""
 from __future__ import annotations
 
 import os
+import re
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+# `.NAME.RANDOM.tmp`: what write_atomically leaves behind when its process is killed mid-write.
+TEMPORARY_NAME = re.compile(r"\..+\.[A-Za-z0-9_]+\.tmp")
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, and another thread could create a
+    file in between); the /proc read needs Linux 4.7, elsewhere the set-and-restore is the only way."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write(file)` on a temporary file in `path`'s folder, then rename it over `path`.
+
+    The rename is atomic, so `path` always holds either the previous complete file or the new one,
+    whatever happens during the write. The file gets the permissions the umask gives a new file (0644
+    under umask 022), as `open()` would, not mkstemp's 0600: a colleague may read the model.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            os.fchmod(file.fileno(), 0o666 & ~current_umask())
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomically(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomically(path, lambda file: file.write(text.encode("utf-8")))
+
+
+def remove_leftovers(folder: str | Path) -> list[Path]:
+    """Delete the temporary files a killed writer left in `folder`; the caller must know that no live
+    process writes there (train.py holds the run folder's lock). Returns what was deleted."""
+    folder = Path(folder)
+    leftovers = [path for path in folder.glob(".*.tmp") if TEMPORARY_NAME.fullmatch(path.name) and path.is_file()]
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return leftovers

@@ -26,6 +26,7 @@ from models import check_model_config
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
 RESUMABLE = "may_change_on_resume"
+BOUND_TO = "a_checkpoint_loaded_into_a_run_needs_the_same_value"
 OTHER_KEYS = "takes_the_section's_other_keys"
 
 
@@ -34,6 +35,14 @@ def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.
     and saves, how it is spread over processes and devices. Every other field (data, model,
     optimiser, batch, seed) defines the run, and a folder holding a run refuses another value."""
     return field(default=default, default_factory=factory, metadata={RESUMABLE: True})
+
+
+def bound_to(part: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A field that a checkpoint's `part` depends on: "model" (its weights fit no other value: the
+    architecture and its sizes, the input's channels and height) or "optimizer" (its optimizer state).
+    A checkpoint loaded into a run whose value differs is refused (training.checkpoint.check_config):
+    for its model part by train.resume and train.init_from, for its optimizer part by train.resume."""
+    return field(default=default, default_factory=factory, metadata={BOUND_TO: part})
 
 
 @dataclass
@@ -50,7 +59,7 @@ class DataConfig:
     # remove those characters and train on the rest, as the benchmarks' protocol scores them (real data
     # is full of punctuation a 36-character model cannot emit). Validation then scores them that way too.
     unknown_characters: str = "drop"
-    img_height: int = 32
+    img_height: int = bound_to("model", 32)
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
     # resize filter: nearest | bilinear | bicubic | lanczos | box | hamming (Pillow) or opencv_linear (cv2.resize)
@@ -75,9 +84,9 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = "crnn"  # an architecture registered in models/ (models.register_model)
-    in_channels: int = 1  # 1: grayscale, 3: RGB
-    hidden_size: int = 256
+    arch: str = bound_to("model", "crnn")  # an architecture registered in models/ (models.register_model)
+    in_channels: int = bound_to("model", 1)  # 1: grayscale, 3: RGB
+    hidden_size: int = bound_to("model", 256)
     # BatchNorm statistics over the global batch instead of each process's slice: a run on N
     # processes then computes what one process would with the same global batch. Costs two small
     # all-reduces per BatchNorm layer; worth it when the per-process batch is small.
@@ -85,12 +94,12 @@ class ModelConfig:
     # Every other key of the section is the architecture's own setting, passed to its constructor by
     # name: e.g. the CRNN's `channels`, its backbone's seven convolution widths (default: the paper's).
     # models.check_model_config refuses a name the constructor does not take.
-    settings: dict[str, Any] = field(default_factory=dict, metadata={OTHER_KEYS: True})
+    settings: dict[str, Any] = field(default_factory=dict, metadata={OTHER_KEYS: True, BOUND_TO: "model"})
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | adadelta
+    name: str = bound_to("optimizer", "adam")  # adam | adadelta
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 100
@@ -367,6 +376,9 @@ def validate(config: Config) -> None:
                           f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps")
     if not config.data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
+    if not config.data.val:  # best.pt would hold the weights of the first validation, of nothing, forever
+        raise ConfigError("data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
+                          "checkpoint that scores best there (a held-out part of the training data will do)")
     ratios = config.data.train_ratios
     if ratios and (len(ratios) != len(config.data.train) or sum(ratios) <= 0):  # each >= 0: the table above
         raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
@@ -398,6 +410,68 @@ def leaf_fields(node: Any = None, prefix: str = "") -> dict[str, dataclasses.Fie
 def resumable_keys() -> set[str]:
     """The keys a continued run may change (declared with `resumable` where each key is defined)."""
     return {key for key, item in leaf_fields().items() if item.metadata.get(RESUMABLE)}
+
+
+def key_metadata(full_key: str) -> Any:
+    """The field metadata of a key (`optim.lr`), or of the field that takes its section's other keys
+    (`model.channels`); {} for a key the schema does not know (one an older version had)."""
+    *sections, name = full_key.split(".")
+    node: Any = Config()
+    for section in sections:
+        node = getattr(node, section, None)
+        if not dataclasses.is_dataclass(node):
+            return {}
+    known = schema_fields(node)
+    if name in known:
+        return known[name].metadata
+    extra = [item for item in dataclasses.fields(node) if item.metadata.get(OTHER_KEYS)]
+    return extra[0].metadata if extra else {}
+
+
+@dataclass
+class ConfigChanges:
+    """How a run's config differs from an earlier one (a run folder's config.yaml, a checkpoint's):
+    `key: old -> new` lines, by what the difference means."""
+
+    model: list[str]  # keys a checkpoint's weights are bound to: they fit no other value
+    optimizer: list[str]  # keys its optimizer state is bound to
+    run: list[str]  # the other keys that define the run: a run folder holds one value
+    resumable: list[str]  # keys that may change when a run is continued
+
+    @property
+    def defining(self) -> list[str]:
+        """What a run folder refuses: every change but the resumable ones."""
+        return sorted(self.model + self.optimizer + self.run)
+
+
+def config_changes(previous: dict[str, Any], current: Config) -> ConfigChanges:
+    """The one comparison of an earlier config (a plain dict) with the run's. A key the earlier one lacks
+    was added to the project after it was written: that run ran with the default."""
+    changes = ConfigChanges([], [], [], [])
+
+    def compare(old_section: dict[str, Any], new_section: dict[str, Any], prefix: str) -> None:
+        for key in sorted(set(old_section) | set(new_section)):
+            full_key, old, new = f"{prefix}{key}", old_section.get(key), new_section.get(key)
+            if isinstance(old, dict) and isinstance(new, dict):
+                compare(old, new, f"{full_key}.")
+            elif old != new:
+                metadata = key_metadata(full_key)
+                kind = "resumable" if metadata.get(RESUMABLE) else metadata.get(BOUND_TO, "run")
+                getattr(changes, kind).append(f"{full_key}: {old!r} -> {new!r}")
+
+    compare(with_defaults(previous, to_dict(Config())), to_dict(current), "")
+    return changes
+
+
+def with_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`values`, plus every key of `defaults` it lacks (in nested sections too)."""
+    merged = dict(values)
+    for key, default in defaults.items():
+        if key not in merged:
+            merged[key] = default
+        elif isinstance(default, dict) and isinstance(merged[key], dict):
+            merged[key] = with_defaults(merged[key], default)
+    return merged
 
 
 def to_dict(config: Config) -> dict:
