@@ -371,7 +371,8 @@ def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: R
     measured_on = checkpoint["config"]["data"]["val"]
     if measured_on != config.data.val:  # a score of other sets would block every best.pt of these
         log.info(f"best val accuracy {state.best_accuracy:.4f} was measured on data.val {measured_on}; this run "
-                 f"validates on {config.data.val}: the best score starts afresh, and the next validation writes best.pt")
+                 f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
+                 f"best.pt")
         state.best_accuracy = TrainState.best_accuracy
     state.window.load_state_dict(checkpoint["log_window"], env.is_main)
     sampler = setup.sampler

@@ -42,19 +42,23 @@ def small_config(*overrides: str):
 
 # B. A checkpoint given by path is checked against the run.
 
+@pytest.mark.slow
 def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, tiny_run, tmp_path):
     """The optimizer state comes from the checkpoint, its hyperparameters from the config: the old code
     logged optim.lr=0.01 and kept 0.001 (the scheduler's saved base)."""
     result = train(synth, tmp_path / "new", f"train.resume={tiny_run / 'last.pt'}", "optim.lr=0.01",
-                   "train.max_steps=6", "train.log_every=2", "train.eval_every=6")
+                   "train.max_steps=6", "train.log_every=2", "train.eval_every=6", f"data.train=[{synth / 'test'}]")
     assert result.returncode == 0, result.stderr
     assert "changed on resume (this run's values apply):\n" in result.stdout
     assert "\n  optim.lr: 0.001 -> 0.01\n" in result.stdout
+    assert f"\n  data.train: ['{synth / 'train'}'] -> ['{synth / 'test'}']\n" in result.stdout
+    assert "warning: data.train now has [20] usable samples, not [96]" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]
     [lr] = [record["lr"] for record in records if record.get("step") == 6 and "lr" in record]
     assert lr == pytest.approx(0.01 * 7 / 100)  # 100 warm-up steps, the 7th lr of the schedule
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_another_model_is_refused_naming_the_key_by_resume_and_init_from(tiny_run, tmp_path):
     checkpoint = load_checkpoint(tiny_run / "last.pt")
     for option in ("train.resume", "train.init_from"):
@@ -67,6 +71,7 @@ def test_a_checkpoint_with_another_model_is_refused_naming_the_key_by_resume_and
         check_config(checkpoint, "x.pt", small_config("data.img_height=48"), "train.resume")
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_optimizer_and_init_from_takes_it_with_another_alphabet(tiny_run, tmp_path):
     """The optimizer state belongs to its optimizer; init_from starts a new one, and matches the
     classifier's rows by character."""
@@ -85,6 +90,7 @@ def test_resume_refuses_another_optimizer_and_init_from_takes_it_with_another_al
     assert "optim.name: 'adam' -> 'adadelta'" in report
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_an_older_version_missing_new_keys_is_compared_with_their_defaults(tiny_run):
     checkpoint = load_checkpoint(tiny_run / "last.pt")
     del checkpoint["config"]["data"]["interpolation"], checkpoint["config"]["model"]["sync_bn"]
@@ -98,7 +104,7 @@ def test_init_from_a_bare_state_dict_of_another_architecture_is_refused(tmp_path
     save_checkpoint(tmp_path / "bare.pt", source.state_dict())  # no config, no alphabet: nothing to compare
     target = model_from_config(small_config().model, 37)
     with pytest.raises(ConfigError, match=r"train.init_from=.*bare.pt: \d+ of the model's \d+ tensors outside the "
-                                          r"classifier are missing from it or of another shape \(backbone"):
+                                          r"classifier are missing from it or of another shape \(backbone\."):
         load_initial_weights(target, tmp_path / "bare.pt", "0123456789abcdefghijklmnopqrstuvwxyz")
 
 
@@ -109,6 +115,7 @@ def test_an_empty_data_val_is_refused():
         validate(load_config("crnn.yaml", ["data.val=[]"]))
 
 
+@pytest.mark.slow
 def test_a_changed_data_val_on_resume_restarts_the_best_score_and_the_report_names_the_new_sets(synth, tiny_run,
                                                                                                tmp_path):
     run = copy_run(tiny_run, tmp_path)
@@ -129,6 +136,18 @@ def test_a_changed_data_val_on_resume_restarts_the_best_score_and_the_report_nam
 
 # G. Nothing lost, nothing left behind.
 
+@pytest.mark.slow
+def test_resume_with_another_model_stops_both_torchrun_ranks_before_anything_is_written(synth, tiny_run, tmp_path):
+    result = train(synth, tmp_path / "new", f"train.resume={tiny_run / 'last.pt'}", "model.hidden_size=48",
+                   launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    assert result.returncode != 0
+    assert result.stderr.count(f"error: train.resume={tiny_run / 'last.pt'}: its weights were trained for another "
+                               f"model (checkpoint -> this run):") == 2  # every rank: none waits for the other
+    assert result.stderr.count("  model.hidden_size: 32 -> 48") == 2
+    assert not (tmp_path / "new" / "config.yaml").exists()
+
+
+@pytest.mark.slow
 def test_overwrite_with_a_bad_init_from_keeps_the_old_run(synth, tiny_run, tmp_path):
     run = copy_run(tiny_run, tmp_path)
     before = sorted(path.name for path in run.iterdir())
@@ -151,6 +170,7 @@ def test_the_next_start_removes_what_a_killed_writer_left_and_only_that(tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([*kept, ".lock"])
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first(synth, tmp_path):
     """Both torchrun ranks stop with rank 0's refusal, before anything is written; the kernel's lock
     dies with its holder, so what the first run left in .lock blocks nothing."""
@@ -185,6 +205,7 @@ def test_checkpoints_and_run_files_get_the_permissions_of_the_umask(tmp_path, um
 
 # Own cases: resume, checkpoints and plot.py.
 
+@pytest.mark.slow
 def test_a_run_whose_numbered_checkpoints_were_deleted_resumes_from_last_pt(tiny_run, tmp_path):
     """Before: resume=auto found no ckpt-*.pt, started from step 0 and overwrote last.pt and best.pt."""
     run = copy_run(tiny_run, tmp_path)
@@ -194,8 +215,14 @@ def test_a_run_whose_numbered_checkpoints_were_deleted_resumes_from_last_pt(tiny
     assert path == run / "last.pt" and checkpoint["step"] == 4
 
 
-def test_resume_with_max_steps_below_the_checkpoints_step_is_refused(synth, tiny_run, tmp_path):
-    """Before: 'done: step 4', exit 0, nothing trained and nothing saved."""
+@pytest.mark.slow
+def test_a_finished_run_started_again_says_done_and_one_asked_to_end_before_its_step_is_refused(synth, tiny_run,
+                                                                                                   tmp_path):
+    """The same command again is the way to continue a run: once it has finished, that says done.
+    A train.max_steps below the checkpoint's step gave the same 'done: step 4', exit 0, nothing saved."""
+    run = copy_run(tiny_run, tmp_path)
+    result = train(synth, run, "train.max_steps=4", "data.augment=strong")
+    assert result.returncode == 0 and "done: step 4, best val accuracy" in result.stdout
     result = train(synth, tmp_path / "new", f"train.resume={tiny_run / 'last.pt'}", "train.max_steps=3")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -209,6 +236,7 @@ def plot(run: Path, *options: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_plot_draws_a_diverged_run_and_a_log_holding_text_where_numbers_belong(tmp_path):
     """Before: 'error: cannot convert float NaN to integer' for a NaN loss; tracebacks for null or text."""
     (tmp_path / "metrics.jsonl").write_text(
@@ -224,11 +252,13 @@ def test_plot_draws_a_diverged_run_and_a_log_holding_text_where_numbers_belong(t
     assert "last step 8: loss nan, lr 0.001, 100 images/s" in lines
 
 
+@pytest.mark.slow
 def test_plot_names_a_metrics_log_that_is_a_folder_and_an_out_path_below_a_file(tiny_run, tmp_path):
     (tmp_path / "metrics.jsonl").mkdir()
     result = plot(tmp_path)
     assert result.returncode == 1
-    assert result.stderr.strip() == f"error: {tmp_path / 'metrics.jsonl'} is a folder, not the run's log; is {tmp_path} a run folder?"
+    assert result.stderr.strip() == (f"error: {tmp_path / 'metrics.jsonl'} is a folder, not the run's log; is {tmp_path}"
+                                     f" a run folder?")
     (tmp_path / "file").write_text("x")
     result = plot(tiny_run, "--out", str(tmp_path / "file" / "curves.png"))
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(

@@ -56,7 +56,8 @@ def find_latest_checkpoint(out_dir: str | Path, warn: Callable[[str], None]) -> 
             warn(f"warning: skipping {path}: {error}")
             continue
         if step not in (None, checkpoint.get("step")) or not is_training_checkpoint(checkpoint):
-            warn(f"warning: skipping {path}: not a training checkpoint" + (f" of step {step}" if step is not None else ""))
+            of_step = f" of step {step}" if step is not None else ""
+            warn(f"warning: skipping {path}: not a training checkpoint{of_step}")
             continue
         return path, checkpoint
     return None
