@@ -43,7 +43,8 @@ from training.checkpoint import (check_config, load_checkpoint, load_initial_wei
 from training.log_window import LogWindow
 from training.precision_choice import choose_precision
 from training.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
-                                 lock_run_folder, point_last_at, prepare_run_folder, prune_checkpoints, write_config)
+                                 lock_run_folder, point_last_at, prepare_run_folder, prune_checkpoints,
+                                 unlock_run_folder, write_config)
 from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
@@ -105,7 +106,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
             log.close()  # flushes TensorBoard, also when stopped by a signal
     finally:
         if lock is not None:
-            lock.close()
+            unlock_run_folder(lock)
     best = f"{state.best_accuracy:.4f}" if state.best_accuracy >= 0 else "none yet"
     log.info(f"done: step {state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
              f"{config.train.out_dir}")

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, run_env
 from models import model_from_config
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
-from training.run_folder import find_latest_checkpoint, lock_run_folder
+from training.run_folder import find_latest_checkpoint, lock_run_folder, unlock_run_folder
 from utils.atomic_write import write_text_atomically
 from utils.config import ConfigError, load_config, to_dict, validate
 
@@ -32,7 +32,7 @@ def train(synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...]
 
 
 def copy_run(tiny_run: Path, tmp_path: Path) -> Path:
-    """A copy of the session's 4-step run (its .lock file too) that a test may change."""
+    """A copy of the session's 4-step run that a test may change."""
     return Path(shutil.copytree(tiny_run, tmp_path / "run"))
 
 
@@ -165,15 +165,15 @@ def test_the_next_start_removes_what_a_killed_writer_left_and_only_that(tmp_path
     for name in leftovers + kept:
         (tmp_path / name).write_bytes(b"half")
     lock, removed = lock_run_folder(tmp_path)
-    lock.close()
+    unlock_run_folder(lock)
     assert sorted(path.name for path in removed) == sorted(leftovers)
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([*kept, ".lock"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(kept)
 
 
 @pytest.mark.slow
 def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first(synth, tmp_path):
     """Both torchrun ranks stop with rank 0's refusal, before anything is written; the kernel's lock
-    dies with its holder, so what the first run left in .lock blocks nothing."""
+    dies with its holder, so the .lock a killed run left blocks nothing, and a run that ends removes it."""
     out_dir = tmp_path / "run"
     out_dir.mkdir()
     lock, _ = lock_run_folder(out_dir)  # the first run: this test's process
@@ -181,14 +181,15 @@ def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first
         result = train(synth, out_dir, "train.max_steps=2",
                        launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
     finally:
-        lock.close()
+        lock.close()  # as the kernel does when its process dies: the file stays
     line = (f"error: train.out_dir={out_dir} is in use by another run (PID {os.getpid()} on host "
             f"{os.uname().nodename}); wait for it to end, stop it, or pick another train.out_dir")
     assert result.returncode != 0 and result.stderr.count(line) == 2
     assert sorted(path.name for path in out_dir.iterdir()) == [".lock"]
     assert f"PID {os.getpid()}" in (out_dir / ".lock").read_text()  # a stale record, and no lock behind it
     lock, _ = lock_run_folder(out_dir)
-    lock.close()
+    unlock_run_folder(lock)
+    assert not any(out_dir.iterdir())
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])

@@ -5,7 +5,7 @@
     runs/crnn/last.pt                 the newest of them (a hard link: no second write)
     runs/crnn/best.pt                 the best validation accuracy so far
     runs/crnn/metrics.jsonl           the log
-    runs/crnn/.lock                   locked (flock) by the live run's rank 0, which wrote its PID and host there
+    runs/crnn/.lock                   while a run lives: locked (flock) by its rank 0, holding its PID and host
 """
 from __future__ import annotations
 
@@ -156,19 +156,32 @@ def lock_run_folder(out_dir: str | Path) -> tuple[IO[str], list[Path]]:
     """Take the run folder for this process, or refuse: two runs writing into one folder would mix their
     checkpoints and logs. The lock is the kernel's (flock on out_dir/.lock), so it dies with its process
     and a crashed run never blocks the next one. Holding it, this process removes the temporary files a
-    killed run left. Returns the open lock file (keep it open while the run lives) and what was removed."""
+    killed run left. Returns the open lock file (give it to unlock_run_folder at the end) and what was
+    removed."""
     path = Path(out_dir) / LOCK_FILE
-    lock = path.open("a+", encoding="utf-8")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "a process that has not written its PID yet"
+    while True:
+        lock = path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "a process that has not written its PID yet"
+            lock.close()
+            raise ConfigError(f"train.out_dir={out_dir} is in use by another run ({holder}); wait for it to end, "
+                              f"stop it, or pick another train.out_dir") from None
+        # A run that ended between our open and our lock removed the file we hold: lock the current one.
+        if path.exists() and os.path.samestat(os.fstat(lock.fileno()), path.stat()):
+            break
         lock.close()
-        raise ConfigError(f"train.out_dir={out_dir} is in use by another run ({holder}); wait for it to end, stop "
-                          f"it, or pick another train.out_dir") from None
     lock.seek(0)
     lock.truncate()
     lock.write(f"PID {os.getpid()} on host {socket.gethostname()}\n")
     lock.flush()
     return lock, remove_leftovers(out_dir)
+
+
+def unlock_run_folder(lock: IO[str]) -> None:
+    """Remove the lock file, then release the lock: a run that ends leaves nothing behind. (A killed one
+    leaves its .lock, which blocks nothing: the kernel released the lock.)"""
+    Path(lock.name).unlink(missing_ok=True)
+    lock.close()
