@@ -36,7 +36,8 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
     path = Path(path)
     check_replaceable(path, overwrite)
     with staged_lmdb(path) as staging:
-        # mode: data.mdb and lock.mdb are plain files (py-lmdb's default, 0755, marks them executable).
+        # mode 0666, as for any file: the umask decides (py-lmdb's default, 0755 less the execute bits it
+        # drops, gives 0644 even where the umask lets the group write).
         env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True, mode=0o666)
         count = 0
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
