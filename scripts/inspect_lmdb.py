@@ -273,20 +273,19 @@ def main(argv: list[str] | None = None) -> None:
             groups, cut = key_groups(txn)
             print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
             first, highest = first_index(txn), highest_index(txn)
-            if total is None:
-                total = highest
-                print(f"scanning indices 1 to {total}, the highest image-/label- key")
-            elif total > highest:
-                print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
-                      f" or the LMDB was cut short; scanning indices 1 to {highest}")
-                total = highest
-            elif total < highest:
-                print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
-                      f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices 1 to {highest}")
-                total = highest
             if first == 0:
                 print("  index 0 holds a sample: the format counts from 1 and other readers skip it; training and"
                       " eval read it")
+            # The keys decide what is scanned, as in training: up to the highest one, whatever num-samples says.
+            if total is None:
+                print(f"scanning indices {first} to {highest}, the highest image-/label- key")
+            elif total + first - 1 > highest:
+                print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
+                      f" or the LMDB was cut short; scanning indices {first} to {highest}")
+            elif total + first - 1 < highest:
+                print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
+                      f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}")
+            total = highest
             end = total if args.limit is None else min(total, args.limit)
             print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
                   f"scanned: samples {first} to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))

@@ -127,6 +127,7 @@ def test_inspect_lmdb_agrees_with_training_on_which_samples_exist(tmp_path, caps
                                                     b"label-000000000": b"one"})
     _, out, _ = run_main(main, zero_based, capsys=capsys)
     assert "index 0 holds a sample: the format counts from 1" in out and "scanned: samples 0 to 0 (all)" in out
+    assert "num-samples is wrong" not in out  # one sample, at index 0: as num-samples says
     code, out, _ = run_main(main, raw_lmdb(tmp_path / "empty", {b"num-samples": b"0"}), capsys=capsys)
     assert code == 0 and "scanned: no samples; training and eval refuse an LMDB without samples" in out
 
