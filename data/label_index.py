@@ -129,9 +129,10 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
                 kept[report.kept] = index
                 report.kept += 1
     if not report.present:
-        raise ValueError(f"{root}: the LMDB holds no samples (num-samples is {num_samples}, and there is no "
-                         f"image-/label- key): nothing to train or evaluate on; give an LMDB with samples "
-                         f"(scripts/create_lmdb.py, scripts/make_synthetic.py)")
+        raise ValueError(f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
+                         f"label-000000001, ...; num-samples is {num_samples}): nothing to train or evaluate on; give "
+                         f"an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py lists "
+                         f"the keys this one has)")
     if not report.kept:  # else training would draw from nothing, and evaluation score nothing as 0 %
         raise ValueError(f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
                          f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")

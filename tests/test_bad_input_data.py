@@ -96,9 +96,13 @@ def test_a_sample_at_index_zero_is_read(tmp_path):
 
 def test_an_lmdb_without_samples_or_without_a_usable_one_is_an_error_naming_it(tmp_path):
     empty = raw_lmdb(tmp_path / "empty", {b"num-samples": b"0"})
-    with pytest.raises(ValueError, match=rf"^{empty}: the LMDB holds no samples \(num-samples is 0, and there is no "
-                                         r"image-/label- key\): nothing to train or evaluate on"):
-        dataset(empty)
+    unpadded = raw_lmdb(tmp_path / "unpadded", {b"num-samples": b"2", b"image-1": png(), b"label-1": b"one",
+                                                b"image-2": png(), b"label-2": b"two"})  # keys of another format
+    for path, num_samples in ((empty, 0), (unpadded, 2)):
+        with pytest.raises(ValueError, match=rf"^{path}: the LMDB holds no samples under the format's keys "
+                                             rf"\(image-000000001, label-000000001, ...; num-samples is {num_samples}\):"
+                                             r" nothing to train or evaluate on; .* scripts/inspect_lmdb.py lists"):
+            dataset(path)
     greek = tmp_path / "greek"
     write_lmdb(greek, [(png(), "αβγ"), (png(), "δ")])
     with pytest.raises(ValueError) as error:
