@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from data.lmdb_env import open_lmdb, read_num_samples
+from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import image_key
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
@@ -42,7 +42,11 @@ def encoded_images(sources: list[str], limit: int) -> list[tuple[str, bytes]]:
         if (Path(source) / "data.mdb").is_file():
             env = open_lmdb(source)
             with env.begin() as txn:
-                for index in range(1, min(read_num_samples(txn, source), limit - len(images)) + 1):
+                read_num_samples(txn, source)  # a header that is not a count is named, as training names it
+                # The keys decide which samples exist, as in training (data/label_index.py).
+                for index in range(first_index(txn), highest_index(txn) + 1):
+                    if len(images) == limit:
+                        break
                     image_bytes = txn.get(image_key(index))
                     if image_bytes is not None:
                         images.append((f"{source}#{index}", image_bytes))

@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from data.codec import CTCCodec, ctc_min_frames
-from data.lmdb_env import highest_index, lmdb_for_scan, read_num_samples
+from data.lmdb_env import first_index, highest_index, lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, label_key
 from utils.cache_home import cache_home
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
                 "too long for CTC")
 # Part of every cache key: bump it when the scan's rules or the entry's layout change.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: samples beyond num-samples are read (version 1 stopped at num-samples)
 
 
 @dataclass
@@ -39,7 +39,8 @@ class FilterReport:
     """What filtering kept and dropped in one LMDB, and why."""
 
     root: str
-    total: int  # the LMDB's num-samples
+    total: int  # the indices read: up to the highest sample key, or up to num-samples where it is higher
+    num_samples: int  # what the LMDB's header says
     kept: int = 0
     present: int = 0  # indices holding a label or an image: fewer than `total` when keys are missing
     dropped: Counter = field(default_factory=Counter)
@@ -50,9 +51,12 @@ class FilterReport:
     def summary(self) -> str:
         reasons = ", ".join(f"{self.dropped[reason]} {reason}" for reason in DROP_REASONS if self.dropped[reason])
         line = f"{self.root}: kept {self.kept} of {self.total}; dropped: {reasons or 'none'}"
-        if self.present < self.total:
-            line += (f"\n  num-samples is {self.total} but only {self.present} samples exist: the LMDB was cut short"
-                     " or num-samples is wrong (scripts/create_lmdb.py writes it)")
+        if self.present < self.num_samples:
+            line += (f"\n  num-samples is {self.num_samples} but only {self.present} samples exist: the LMDB was cut"
+                     " short or num-samples is wrong (scripts/create_lmdb.py writes it)")
+        if self.present > self.num_samples:
+            line += (f"\n  num-samples is {self.num_samples} but {self.present} samples exist: all of them are read;"
+                     " num-samples is wrong (scripts/create_lmdb.py writes it)")
         if self.shortened:
             line += f"\n  {self.shortened} labels lost characters outside the alphabet (removed, not dropped)"
         if self.unknown_characters:
@@ -61,13 +65,14 @@ class FilterReport:
         return line
 
     def to_json(self) -> dict:
-        return {"total": self.total, "kept": self.kept, "present": self.present, "dropped": dict(self.dropped),
-                "unknown_characters": dict(self.unknown_characters), "shortened": self.shortened}
+        return {"total": self.total, "num_samples": self.num_samples, "kept": self.kept, "present": self.present,
+                "dropped": dict(self.dropped), "unknown_characters": dict(self.unknown_characters),
+                "shortened": self.shortened}
 
     @classmethod
     def from_json(cls, root: str, record: dict, source: str) -> FilterReport:
-        return cls(root, record["total"], record["kept"], record["present"], Counter(record["dropped"]),
-                   Counter(record["unknown_characters"]), record["shortened"], source)
+        return cls(root, record["total"], record["num_samples"], record["kept"], record["present"],
+                   Counter(record["dropped"]), Counter(record["unknown_characters"]), record["shortened"], source)
 
 
 def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False
@@ -83,16 +88,19 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
     # buffers=True: values come back as views into the memory map, so looking up an image key to see
     # that it exists reads no image bytes.
     with lmdb_for_scan(root) as env, env.begin(buffers=True) as txn:
-        total = read_num_samples(txn, root)
-        report = FilterReport(root=str(root), total=total)
-        # Not range(1, total + 1): a num-samples of 10**12 would make this loop run for hours. The
-        # indices past the highest key hold nothing: counted as missing without a lookup each.
-        last = min(total, highest_index(txn))
-        if total > last:
-            report.dropped["missing label"] += total - last
+        num_samples = read_num_samples(txn, root)
+        # The keys decide, not the header: samples past num-samples are read too (a converter that
+        # miscounted, or an LMDB appended to), and so is a sample at index 0 (a converter counting from
+        # 0). A num-samples of 10**12 does not make this loop run for hours: the indices past the
+        # highest key hold nothing, counted as missing without a lookup each.
+        first, last = first_index(txn), highest_index(txn)
+        read = last - first + 1
+        report = FilterReport(root=str(root), total=max(num_samples, read), num_samples=num_samples)
+        if num_samples > read:
+            report.dropped["missing label"] += num_samples - read
         # Filled in place, not a list of Python ints: 14.4 M of those would hold ~500 MB at the peak.
-        kept = np.empty(last, dtype=np.int32 if last < 2**31 else np.int64)
-        for index in range(1, last + 1):
+        kept = np.empty(read, dtype=np.int32 if last < 2**31 else np.int64)
+        for index in range(first, last + 1):
             raw = txn.get(label_key(index))
             label = None if raw is None else codec.normalize(bytes(raw).decode("utf-8", errors="replace"))
             has_image = txn.get(image_key(index)) is not None
@@ -120,6 +128,14 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
             else:
                 kept[report.kept] = index
                 report.kept += 1
+    if not report.present:
+        raise ValueError(f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
+                         f"label-000000001, ...; num-samples is {num_samples}): nothing to train or evaluate on; give "
+                         f"an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py lists "
+                         f"the keys this one has)")
+    if not report.kept:  # else training would draw from nothing, and evaluation score nothing as 0 %
+        raise ValueError(f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
+                         f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")
     report.source = f"labels scanned in {time.perf_counter() - started:.1f} s"
     # A numpy array: forked workers share it instead of copying it on read, as they would a list.
     return kept[:report.kept].copy(), report

@@ -1,5 +1,6 @@
-"""Opening an LMDB in the field's format read-only (once per process), and its two header facts:
-num-samples and the highest sample index. Keys: data/lmdb_keys.py."""
+"""Opening an LMDB in the field's format read-only (once per process), and what says which samples
+it holds: num-samples, and the first and highest sample index of its keys (which decide: a header
+that says less or more is reported, not obeyed). Keys: data/lmdb_keys.py."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import lmdb
 
-from data.lmdb_keys import IMAGE_PREFIX, LABEL_PREFIX, NUM_SAMPLES
+from data.lmdb_keys import IMAGE_PREFIX, LABEL_PREFIX, NUM_SAMPLES, image_key, label_key
 
 
 def open_lmdb(root: str | Path, readahead: bool = False) -> lmdb.Environment:
@@ -89,3 +90,8 @@ def highest_index(txn: lmdb.Transaction) -> int:
         if key.startswith(prefix) and key[len(prefix):].isdigit():
             highest = max(highest, int(key[len(prefix):]))
     return highest
+
+
+def first_index(txn: lmdb.Transaction) -> int:
+    """1, as the format counts; 0 where a converter counting from 0 wrote a sample there."""
+    return 0 if txn.get(image_key(0)) is not None or txn.get(label_key(0)) is not None else 1

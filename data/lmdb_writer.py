@@ -5,8 +5,11 @@ deep-text-recognition-benchmark, parseq and mmocr read.
 """
 from __future__ import annotations
 
+import glob
+import os
+import secrets
 import shutil
-import tempfile
+import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +36,9 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
     path = Path(path)
     check_replaceable(path, overwrite)
     with staged_lmdb(path) as staging:
-        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True)
+        # mode 0666, as for any file: the umask decides (py-lmdb's default, 0755 less the execute bits it
+        # drops, gives 0644 even where the umask lets the group write).
+        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True, mode=0o666)
         count = 0
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
         for image_bytes, label, *meta in samples:
@@ -52,22 +57,74 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
 @contextmanager
 def staged_lmdb(path: Path) -> Iterator[Path]:
     """A new folder beside `path` to build an LMDB in (close it before the block ends): renamed to
-    `path`, replacing what was there, when the block succeeds; removed when it fails."""
+    `path`, replacing what was there, when the block succeeds; removed when it fails, on any exception
+    (KeyboardInterrupt included). A writer killed outright (SIGKILL, a power cut) cannot remove its
+    folder: the next writer of `path` on this machine does, once that writer's process is gone."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    remove_stale_staging(path)
+    staging = new_staging_folder(path)
     try:
         yield staging
         if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
+            # Moved aside under a staging name, not deleted first: killed between the two renames, the
+            # next writer removes it as stale, and `path` is missing for no longer than a rename.
+            replaced = staging_name(path)
+            path.rename(replaced)
+            staging.rename(path)
+            shutil.rmtree(replaced)
+        else:
+            staging.rename(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
+def staging_prefix(path: Path) -> str:
+    """The start of every staging folder's name for `path`: hidden, and naming this machine, so that
+    a writer only judges the processes it can see."""
+    return f".{path.name}.staging.{socket.gethostname()}."
+
+
+def staging_name(path: Path) -> Path:
+    """A new name beside `path` that holds this process's id."""
+    return path.parent / f"{staging_prefix(path)}{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def new_staging_folder(path: Path) -> Path:
+    """An empty staging folder for `path`, created with os.mkdir's default mode: the umask decides who
+    may read the LMDB, as for any other file the user writes (tempfile.mkdtemp's folders are 0700
+    whatever the umask: a colleague on a shared server could not read the data)."""
+    staging = staging_name(path)
+    staging.mkdir()
+    return staging
+
+
+def remove_stale_staging(path: Path) -> None:
+    """Remove the staging folders beside `path` whose writer, a process of this machine, has died."""
+    prefix = staging_prefix(path)
+    for folder in path.parent.glob(glob.escape(prefix) + "*"):
+        pid = folder.name[len(prefix):].partition(".")[0]
+        if folder.is_dir() and pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"removed {folder}: a staging folder left by an earlier writer of {path} (process {pid}) that was"
+                  f" killed before it finished")
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: delivers nothing, only checks
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def check_replaceable(path: Path, overwrite: bool) -> None:
     """Refuse to write over anything but (with `overwrite`) an LMDB folder or an empty one: never a file
-    or a folder of other things (`--out datasets` by mistake)."""
+    or a folder of other things (`--out datasets` by mistake); nor where a file stands in for its folder."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise FileExistsError(f"{path.parent} is a file, not a folder, so {path} cannot be written: give another --out")
     if not path.exists():
         return
     if not overwrite:

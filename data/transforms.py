@@ -15,14 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
 from data.augment import Augmentation
 from data.opencv_resize import resize_opencv_linear
 
-SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+WIDE_MODES = (*SIXTEEN_BIT_MODES, "I", "F")  # 32-bit integer and float: read by wide_to_8bit too
+INTEGER_RANGES = (255, 65535, 2**31 - 1)  # the white of an `I` (signed 32-bit) image: the first its values fit in
+SIDEWAYS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees: width and height swap
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -110,17 +113,45 @@ class Preprocessing:
             raise PreprocessingError(f"{source}: its preprocessing record is not usable: {error}") from None
 
 
+def decode_image(image_bytes: bytes, mode: str) -> Image.Image:
+    """Encoded bytes as a viewer shows them, in the 8-bit `mode` ("L" or "RGB"): turned upright as
+    their EXIF orientation says (phone photos are stored sideways), wide modes scaled, transparency
+    made white. The one decoder of training, evaluation, prediction and the data tools' checks."""
+    with Image.open(io.BytesIO(image_bytes)) as image:
+        # In place: no copy of the pixels when there is nothing to turn, the usual case. It reads EXIF
+        # that is already parsed, or, in a PNG, that decoding the pixels (needed anyway) finds.
+        ImageOps.exif_transpose(image, in_place=True)
+        return to_8bit(image, mode)
+
+
 def to_8bit(image: Image.Image, mode: str) -> Image.Image:
-    """`image` in the 8-bit `mode` ("L" or "RGB"), with 16-bit depth scaled and transparency made white."""
-    if image.mode in SIXTEEN_BIT_MODES:
-        # Pillow's convert("L") clips 16-bit values at 255, so any scan brighter than 0.4 % turns white.
-        scaled = np.asarray(image, dtype=np.float32) / 257  # 65535 -> 255
-        image = Image.fromarray(scaled.clip(0, 255).round().astype(np.uint8))
+    """`image` in the 8-bit `mode` ("L" or "RGB") as a viewer shows it: wide modes scaled by the range
+    their values need (wide_to_8bit), transparency made white."""
+    if image.mode in WIDE_MODES:
+        image = wide_to_8bit(image)
     elif "A" in image.getbands() or "transparency" in image.info:  # RGBA, LA, PA, P or L with tRNS
         # Transparent pixels hold arbitrary colour, usually black: dropping alpha would put dark
         # text on black. Text is read off paper, so composite onto white.
         image = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA"))
     return image.convert(mode)
+
+
+def wide_to_8bit(image: Image.Image) -> Image.Image:
+    """A grey image of more than 8 bits as 8 bits. Pillow's convert("L") clips at 255: a 16-bit scan
+    brighter than 0.4 % turns white, and a float image of 0..1 black. The rule, as image viewers read
+    these files: 16-bit modes span 0..65535; a 32-bit integer (`I`) image spans the range its values
+    need, 0..255, 0..65535 or 0..2**31-1 (it is how Pillow opens 8- and 16-bit files of several
+    formats too); a float (`F`) image spans 0..1 where its values fit in it, and is otherwise read
+    as integers. Negative values and NaN are black."""
+    pixels = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    brightest = pixels.max(initial=0.0)
+    if image.mode == "F" and brightest <= 1:
+        white = 1.0
+    elif image.mode in ("I", "F"):
+        white = min((limit for limit in INTEGER_RANGES if brightest <= limit), default=INTEGER_RANGES[-1])
+    else:  # a 16-bit mode
+        white = 65535.0
+    return Image.fromarray((pixels * (255 / white)).clip(0, 255).round().astype(np.uint8))
 
 
 class ImageTransform:
@@ -165,9 +196,8 @@ class ImageTransform:
         return min(self.width, -(-self.resized_width(width, height) // self.width_step) * self.width_step)
 
     def decode(self, image_bytes: bytes) -> Image.Image:
-        """The image in the record's colour mode, at its own size."""
-        with Image.open(io.BytesIO(image_bytes)) as image:
-            return to_8bit(image, self.mode)
+        """The image in the record's colour mode, at its own size, upright."""
+        return decode_image(image_bytes, self.mode)
 
     def __call__(self, image_bytes: bytes, augment_seed: int | None = None) -> Tensor:
         return self.to_tensor(self.decode(image_bytes), augment_seed)
@@ -203,9 +233,19 @@ def pad_right(images: Tensor, width: int) -> Tensor:
 
 
 def image_size(image_bytes: bytes) -> tuple[int, int]:
-    """(width, height) of an encoded image, from its header alone."""
+    """(width, height) of an encoded image as decode_image turns it upright, from its header alone."""
     with Image.open(io.BytesIO(image_bytes)) as image:
-        return image.size
+        width, height = image.size
+        return (height, width) if header_orientation(image, image_bytes) in SIDEWAYS else (width, height)
+
+
+def header_orientation(image: Image.Image, image_bytes: bytes) -> int:
+    """The EXIF orientation decode_image applies to `image` (opened from `image_bytes`), without decoding it."""
+    if image.format == "TIFF":  # Pillow's TIFF reader turns the image upright itself, its size included
+        return 1
+    if image.format == "PNG" and b"eXIf" not in image_bytes:  # else Pillow would decode the pixels to look
+        return 1
+    return image.getexif().get(ExifTags.Base.Orientation, 1)
 
 
 def build_transform(config: Any, preprocessing: Preprocessing | None = None, train: bool = False) -> ImageTransform:

@@ -4,27 +4,29 @@
     python scripts/create_lmdb.py --images ROOT --gt GT_FILE --out LMDB --check-alphabet alphabet.txt --overwrite
 
 GT_FILE is UTF-8 text, one `relative/path<TAB>label` per line, paths relative to ROOT; blank lines are
-ignored. Every image is fully decoded once to check it, then its original file bytes are stored as they
-are (no re-encoding). Lines that fail a check are skipped and reported, grouped by reason. An image
-listed again (under the same path or another spelling of it: `./a.jpg`, `a.jpg`) with the same label
-is stored once; with another label it is an error, and nothing is written.
+ignored. Every image is fully decoded once to check it, as training decodes it, then its original file
+bytes are stored as they are (no re-encoding). Lines that fail a check are skipped and reported, grouped
+by reason. An image listed again (under the same path or another spelling of it: `./a.jpg`, `a.jpg`)
+with the same label is stored once; with another label it is an error, and nothing is written. So is a
+line with a third column (a tab in the label: which column is the label is not guessed). A label's
+surrounding whitespace is removed, and each such line is listed before anything is written.
 """
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
 from data.lmdb_writer import write_lmdb
+from data.transforms import decode_image
 from utils import cli
 
 EXAMPLES_PER_REASON = 3
@@ -39,12 +41,20 @@ class BadLine(Exception):
         self.detail = detail
 
 
-def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[bytes, str]:
-    """The `(image_bytes, label)` a GT line names, or BadLine saying why it cannot be used."""
+def parse_line(line: str) -> tuple[str, str]:
+    """(relative path, label) of a GT line, the label without surrounding whitespace: a word crop has
+    no space at its edges for the model to read, so a label ' cat' or 'cat ' would score every reading
+    of it wrong. BadLine if there is no tab."""
     relative_path, has_tab, label = line.partition("\t")
     if not has_tab:
         raise BadLine("line has no tab between path and label")
-    if not label.strip():
+    return relative_path, label.strip()
+
+
+def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[bytes, str]:
+    """The `(image_bytes, label)` a GT line names, or BadLine saying why it cannot be used."""
+    relative_path, label = parse_line(line)
+    if not label:
         raise BadLine("empty label")
     if alphabet is not None and not set(label) <= alphabet:
         raise BadLine("label has characters outside the alphabet", "".join(sorted(set(label) - alphabet)))
@@ -55,10 +65,8 @@ def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[byte
     if not image_bytes:
         raise BadLine("image file empty")
     try:
-        # Decode the very bytes that will be stored, in full: load() is what catches truncated files.
-        with Image.open(io.BytesIO(image_bytes)) as image:
-            image.load()
-            width, height = image.size
+        # Decode the very bytes that will be stored, in full (what catches truncated files), as training will.
+        width, height = decode_image(image_bytes, "L").size
     except Exception as error:  # Pillow's plugins raise many types (OSError, SyntaxError, ValueError, ...)
         raise BadLine("image cannot be decoded", f"{type(error).__name__}: {error}") from error
     if width == 0 or height == 0:
@@ -76,23 +84,44 @@ def gt_lines(gt_file: Path) -> Iterator[tuple[int, str]]:
                 yield number, line
 
 
-def find_repeats(root: Path, gt_file: Path) -> tuple[dict[int, int], list[str]]:
-    """Images the GT lists more than once, however the path is spelled: {line number: the first line
-    listing that image} for repeats with the same label, and a description of each conflicting label."""
+@dataclass
+class GtCheck:
+    """What a first pass over the GT file found, before anything is written."""
+
+    repeats: dict[int, int] = field(default_factory=dict)  # line number -> the first line listing its image
+    conflicts: list[str] = field(default_factory=list)  # an image given two labels, described
+    extra_columns: list[str] = field(default_factory=list)  # lines with a tab in the label, described
+    stripped: list[str] = field(default_factory=list)  # labels stored without surrounding whitespace, described
+
+
+def check_gt(root: Path, gt_file: Path) -> GtCheck:
+    """Images the GT lists more than once (however the path is spelled), lines with more than two
+    columns, and labels with surrounding whitespace."""
     first: dict[str, tuple[int, str]] = {}
-    repeats, conflicts = {}, []
+    found = GtCheck()
     for number, line in gt_lines(gt_file):
-        relative_path, has_tab, label = line.partition("\t")
-        if not has_tab or not label.strip():  # skipped anyway, and reported as such
+        try:
+            relative_path, label = parse_line(line)
+        except BadLine:  # skipped anyway, and reported as such
             continue
+        if not label:  # skipped anyway, and reported as such
+            continue
+        if "\t" in label:
+            columns = line.count("\t") + 1
+            found.extra_columns.append(f"line {number}: {line!r} has {columns} columns")
+            continue
+        written = line.partition("\t")[2]
+        if label != written:
+            found.stripped.append(f"line {number}: {written!r} -> {label!r}")
         image = os.path.realpath(root / relative_path)
         if image not in first:
             first[image] = (number, label)
         elif first[image][1] == label:
-            repeats[number] = first[image][0]
+            found.repeats[number] = first[image][0]
         else:
-            conflicts.append(f"{relative_path}: line {first[image][0]} says {first[image][1]!r}, line {number} says {label!r}")
-    return repeats, conflicts
+            found.conflicts.append(f"{relative_path}: line {first[image][0]} says {first[image][1]!r}, line {number}"
+                                   f" says {label!r}")
+    return found
 
 
 def read_samples(
@@ -112,6 +141,12 @@ def read_samples(
             relative_path = line.partition("\t")[0]
             where = f"line {number}: {relative_path}"
             skipped[bad.reason].append(f"{where} ({bad.detail})" if bad.detail else where)
+
+
+def shown(descriptions: list[str]) -> str:
+    """The first EXAMPLES_PER_REASON descriptions, one per indented line, and how many more."""
+    more = len(descriptions) - EXAMPLES_PER_REASON
+    return "\n  ".join(descriptions[:EXAMPLES_PER_REASON]) + (f"\n  ... and {more} more" if more > 0 else "")
 
 
 def report_skipped(skipped: dict[str, list[str]]) -> None:
@@ -151,16 +186,22 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --check-alphabet: {error}")
 
     try:
-        repeats, conflicts = find_repeats(args.images, args.gt)
+        found = check_gt(args.images, args.gt)
     except UnicodeDecodeError as error:
         sys.exit(f"error: --gt {args.gt} is not UTF-8 text ({error}); re-save it as UTF-8")
-    if conflicts:
-        shown = "\n  ".join(conflicts[:EXAMPLES_PER_REASON]) + (
-            f"\n  ... and {len(conflicts) - EXAMPLES_PER_REASON} more" if len(conflicts) > EXAMPLES_PER_REASON else "")
-        sys.exit(f"error: --gt {args.gt} gives {len(conflicts)} image(s) two different labels; keep one line per"
-                 f" image, nothing was written:\n  {shown}")
+    if found.extra_columns:
+        # Refused, not guessed at: the label may be the second column or the last (`path, id, label`).
+        sys.exit(f"error: --gt {args.gt}: {len(found.extra_columns)} line(s) have more than two tab-separated"
+                 f" columns; a line is path<TAB>label and a label holds no tab: keep the two columns (e.g."
+                 f" cut -f1,2), nothing was written:\n  {shown(found.extra_columns)}")
+    if found.conflicts:
+        sys.exit(f"error: --gt {args.gt} gives {len(found.conflicts)} image(s) two different labels; keep one line"
+                 f" per image, nothing was written:\n  {shown(found.conflicts)}")
+    if found.stripped:
+        print(f"{len(found.stripped)} label(s) stored without their surrounding whitespace (a word crop has none"
+              f" for the model to read); fix {args.gt} if a label was cut elsewhere:\n  {shown(found.stripped)}")
     skipped: dict[str, list[str]] = defaultdict(list)
-    samples = read_samples(args.images, args.gt, alphabet, skipped, repeats)
+    samples = read_samples(args.images, args.gt, alphabet, skipped, found.repeats)
     # Look for one good sample first: with none, --overwrite must not replace a good LMDB by an empty one.
     first = next(samples, None)
     if first is None:

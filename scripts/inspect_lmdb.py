@@ -27,8 +27,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
-from data.lmdb_env import highest_index, open_lmdb, read_num_samples
+from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import image_key, label_key
+from data.transforms import decode_image, image_size
 from evaluation.visualize import caption_grid
 from utils import cli
 
@@ -96,7 +97,8 @@ def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
     with Image.open(io.BytesIO(image_bytes)) as image:
         if decode:
             image.load()
-        return image.width, image.height, f"{image.format} {image.mode}"
+        kind = f"{image.format} {image.mode}"
+    return (*image_size(image_bytes), kind)  # upright, as training sees it
 
 
 def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, fold_case: bool, decode: bool) -> Report:
@@ -180,8 +182,7 @@ def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, fold_ca
         label = bytes(txn.get(label_key(index))).decode("utf-8", errors="replace")
         label = label.lower() if fold_case else label
         try:
-            with Image.open(io.BytesIO(bytes(txn.get(image_key(index))))) as image:
-                picture: Image.Image | str = image.convert("RGB")
+            picture: Image.Image | str = decode_image(bytes(txn.get(image_key(index))), "RGB")  # as training sees it
         except Exception:  # the report above says why
             picture = "undecodable image"
         samples.append((index, label, picture))
@@ -243,6 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.samples < 1:
         parser.error(f"--samples must be >= 1, got {args.samples}")
+    # Checked before the scan, which can take minutes, not when the picture is saved at its end.
+    if args.montage is not None and Image.registered_extensions().get(args.montage.suffix.lower()) not in Image.SAVE:
+        parser.error(f"--montage {args.montage}: not a picture file name Pillow can write; end it in .png or .jpg")
     return args
 
 
@@ -268,18 +272,24 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"num-samples: {error} (training refuses this LMDB)")
             groups, cut = key_groups(txn)
             print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
-            highest = highest_index(txn)
+            first, highest = first_index(txn), highest_index(txn)
+            if first == 0:
+                print("  index 0 holds a sample: the format counts from 1 and other readers skip it; training and"
+                      " eval read it")
+            # The keys decide what is scanned, as in training: up to the highest one, whatever num-samples says.
             if total is None:
-                total = highest
-                print(f"scanning indices 1 to {total}, the highest image-/label- key")
-            elif total > highest:
+                print(f"scanning indices {first} to {highest}, the highest image-/label- key")
+            elif total + first - 1 > highest:
                 print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
-                      f" or the LMDB was cut short; scanning indices 1 to {highest}")
-                total = highest
+                      f" or the LMDB was cut short; scanning indices {first} to {highest}")
+            elif total + first - 1 < highest:
+                print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
+                      f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}")
+            total = highest
             end = total if args.limit is None else min(total, args.limit)
-            print("scanned: no samples" if end == 0 else
-                  f"scanned: samples 1 to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
-            report = scan(txn, range(1, end + 1), set(alphabet) if alphabet is not None else None, args.fold_case,
+            print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
+                  f"scanned: samples {first} to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
+            report = scan(txn, range(first, end + 1), set(alphabet) if alphabet is not None else None, args.fold_case,
                           args.decode)
             print_report(report, alphabet, args.alphabet, args.fold_case, args.decode)
             if args.montage is not None and not report.complete:

@@ -40,7 +40,7 @@ from data.alphabet import load_alphabet
 from data.lmdb_writer import check_replaceable, write_lmdb
 from data.synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font
 from data.synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
-from data.synthetic.text import WORDS_FILE
+from data.synthetic.text import WORDS_FILE, check_left_to_right
 from utils import cli
 
 DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for option in ("train", "val", "test", "seed"):
         if getattr(args, option) < 0:
             parser.error(f"--{option} must be >= 0, got {getattr(args, option)}")
+    if not args.train + args.val + args.test:
+        parser.error("--train, --val and --test are all 0: there is nothing to write")
     for option in ("max_length", "workers"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         alphabet = load_alphabet(args.alphabet)
+        check_left_to_right(alphabet)
     except (OSError, ValueError) as error:
         sys.exit(f"error: --alphabet: {error}")
     if alphabet.isspace():

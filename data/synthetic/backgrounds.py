@@ -6,10 +6,14 @@ the other). The styles in HELD_OUT_STYLES are painted for the test split only.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image
+
+T = TypeVar("T")
 
 TRAIN_STYLES = ("flat", "gradient", "noise", "blotches", "stripes")
 HELD_OUT_STYLES = ("paper", "grid", "dots")
@@ -93,10 +97,20 @@ def paint(style: str, rng: random.Random, noise: np.random.Generator, width: int
 
 @lru_cache(maxsize=64)
 def load_photo(path: str) -> Image.Image:
-    with Image.open(path) as image:
-        image = image.convert("RGB")
+    image = check_photo(path, lambda image: image.convert("RGB"))
     image.thumbnail((800, 800))  # a text line needs a few hundred pixels of it at most
     return image
+
+
+def check_photo(path: str, read: Callable[[Image.Image], T]) -> T:
+    """`read` applied to the opened photo at `path`; a photo Pillow cannot read (no image, cut short) is
+    an error naming it, not Pillow's message about an unnamed file."""
+    try:
+        with Image.open(path) as image:
+            return read(image)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        raise ValueError(f"background photo {path} cannot be read ({error}); remove it from the --backgrounds"
+                         f" folder") from None
 
 
 def photo_crop(path: str, rng: random.Random, width: int, height: int) -> np.ndarray:

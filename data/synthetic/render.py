@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
-from data.synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, luminance, paint
+from data.synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, check_photo, luminance, paint
 from data.synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
 from data.synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words, unlabelled_marks
 
@@ -356,4 +356,6 @@ def photo_files(folder: Path) -> list[str]:
     files = sorted(str(path) for path in folder.rglob("*") if path.suffix.lower() in PHOTO_SUFFIXES and path.is_file())
     if not files:
         raise FileNotFoundError(f"background folder {folder} holds no image file ({' '.join(PHOTO_SUFFIXES)})")
+    for file in files:  # the headers only: a file that is no image stops the run before it renders anything
+        check_photo(file, lambda image: None)
     return files

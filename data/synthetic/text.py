@@ -7,6 +7,7 @@ still gets capitals drawn, with the label folded; a case-sensitive alphabet gets
 from __future__ import annotations
 
 import random
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +26,20 @@ MARK_SHARE = 0.15
 # How long a word or a random string is: roughly how word lengths fall in running English text. A
 # dictionary's words, drawn uniformly, would be 8 or 9 letters long on average, not 4 or 5.
 LENGTH_WEIGHTS = {1: 3, 2: 12, 3: 16, 4: 16, 5: 13, 6: 11, 7: 9, 8: 7, 9: 5, 10: 4, 11: 2, 12: 2}
+
+
+def check_left_to_right(alphabet: str) -> None:
+    """Refuse an alphabet with right-to-left letters (Hebrew, Arabic, ...) for a dataset: one label
+    order would be drawn in two visual orders, right to left where a text is laid out whole (Pillow's
+    bidi layout) and left to right where it is drawn a character at a time (letter spacing, curved
+    baselines); and CTC reads an image left to right, so a label in reading order would not even
+    match the first. (Export's check images need no such order: they only feed two runtimes alike.)"""
+    right_to_left = [char for char in alphabet if unicodedata.bidirectional(char) in ("R", "AL")]
+    if right_to_left:
+        first = right_to_left[0]
+        raise ValueError(f"it has {len(right_to_left)} right-to-left characters ({first!r}, U+{ord(first):04X}"
+                         f" {unicodedata.name(first, '?')}, ...), which the generator cannot draw in one visual"
+                         f" order: give a left-to-right alphabet")
 
 
 def unlabelled_marks(alphabet: str) -> str:
