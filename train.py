@@ -48,7 +48,7 @@ from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
-from utils.config import Config, ConfigError, load_config, to_dict, validate
+from utils.config import Config, ConfigError, ConfigFileOption, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
 from utils.precision import autocast
@@ -137,9 +137,16 @@ def train_loop(config: Config, env: DistEnv, setup: Setup, model: nn.Module, val
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument("--config", action=ConfigFileOption, help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=3e-4")
-    return parser.parse_args()
+    # Intermixed: overrides may stand on both sides of --config. An unknown option (`--optim.lr=3e-4`) is
+    # named with how to write it, where argparse's "unrecognized arguments" would not say.
+    args, unknown = parser.parse_known_intermixed_args()
+    if unknown:
+        option = unknown[0]
+        raise ConfigError(f"unknown option {option}; overrides are written without dashes, as key=value: "
+                          f"{option.lstrip('-')}" + ("" if "=" in option else "=VALUE"))
+    return args
 
 
 def read_config() -> Config:
@@ -311,6 +318,7 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tup
     if not env.is_main:
         return
     out_dir = Path(config.train.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     if config.train.overwrite:
         clear_run_folder(out_dir)
     write_config(out_dir, config)

@@ -31,7 +31,7 @@ from utils.cache_home import cache_home
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
                 "too long for CTC")
 # Part of every cache key: bump it when the scan's rules or the entry's layout change.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: labels compared with the alphabet in composed Unicode form (CTCCodec.normalize)
 
 
 @dataclass

@@ -137,12 +137,14 @@ def check_run_folder(config: Config) -> None:
 
 
 def prepare_run_folder(out_dir: str | Path) -> None:
-    """Create `out_dir` and make sure files can be written in it, before any work is done: a folder on a
-    read-only disk, or without permission, is then a one-line error at start-up, not after an hour."""
+    """Make sure `out_dir` can be created and written, before any work is done: a folder on a read-only
+    disk, or without permission, is then a one-line error at start-up, not after an hour. Creates nothing
+    (the probe goes into the nearest folder that exists): a start that fails leaves no folder behind, and
+    train.py creates it when the run starts writing."""
     folder = Path(out_dir)
+    nearest = next(parent for parent in (folder, *folder.parents) if parent.exists() or parent == Path("."))
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+        handle, probe = tempfile.mkstemp(prefix=".write-test.", dir=nearest)
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
