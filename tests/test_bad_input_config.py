@@ -159,6 +159,19 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.slow
+def test_under_torchrun_every_rank_refuses_a_contradiction_before_the_rendezvous_and_creates_no_folder(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", "--config", "crnn.yaml", "data.alphabet=abcABC", "data.train=[a, a/]",
+                             f"train.out_dir={tmp_path / 'run'}"], cwd=REPO, env=run_env(), capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
+    assert errors[0].startswith("error: data.train lists one LMDB twice")
+    assert not (tmp_path / "run").exists()
+
+
 # --- keys that contradict each other; Unicode forms ------------------------------------------------
 
 def test_fold_case_with_capital_letters_in_the_alphabet_is_refused_naming_both_keys():

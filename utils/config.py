@@ -235,7 +235,7 @@ class ConfigLoader(yaml.SafeLoader):
     every key of the first."""
 
     # Every unquoted scalar resolves to PlainText, instead of YAML 1.1's booleans, octal and base-60 numbers.
-    yaml_implicit_resolvers = {None: [(PLAIN_TAG, re.compile(r".*", re.S))]}
+    yaml_implicit_resolvers = {None: [(PLAIN_TAG, re.compile(r".*", re.DOTALL))]}
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
