@@ -197,6 +197,11 @@ REAL = re.compile(r"[-+]?(([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[0-9]+[eE]
                   r"|\.?(?i:inf|infinity|nan))")
 
 
+def real(text: str) -> float:
+    """A text REAL matches, as a float: YAML's `.inf` and `.nan` are Python's `inf` and `nan`."""
+    return float(re.sub(r"\.(?=[iInN])", "", text))
+
+
 def decimal_or_octal(text: str, reading: Any) -> str:
     """What to write for `017`: the decimal number, and PyYAML's octal reading where that differs."""
     decimal = int(text.replace("_", ""), 10)
@@ -396,7 +401,7 @@ def read_plain(text: PlainText, key: str, source: str, may_be_text: bool = False
     if DECIMAL.fullmatch(text):
         return int(text)
     if REAL.fullmatch(text) and not re.fullmatch(r"[-+]?0[0-9]+([eE].*)?", text):
-        return float(re.sub(r"\.(?=[iInN])", "", text))  # YAML's `.inf` is Python's `inf`
+        return real(text)
     for pattern, why, write in AMBIGUOUS:
         if pattern.fullmatch(text):
             reading = yaml_1_1(text)
@@ -466,7 +471,7 @@ def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
     if expected is float:
         # A quoted number ("1e-3") is accepted too, when it is one that read_plain would read.
         if isinstance(value, str) and REAL.fullmatch(value.strip()):
-            return float(re.sub(r"\.(?=[iInN])", "", value.strip()))
+            return real(value.strip())
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise wrong("a number")
