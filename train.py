@@ -48,7 +48,7 @@ from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
-from utils.config import Config, ConfigError, ConfigFileOption, load_config, to_dict, validate
+from utils.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
 from utils.precision import autocast
@@ -371,6 +371,8 @@ def describe_run(config: Config, env: DistEnv, setup: Setup, log: RunLog) -> Non
              f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
              f"{config.train.max_steps} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
              f"steps per epoch")
+    for warning in config_warnings(config):
+        log.info(f"warning: {warning}")
 
 
 def check_skipped(config: Config, state: TrainState, taken: bool, log: RunLog) -> None:

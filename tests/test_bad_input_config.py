@@ -142,7 +142,8 @@ def test_tilde_alone_in_a_file_is_ambiguous(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_creates_no_folder(synth, tmp_path):
-    """Also: eval_every and save_every beyond max_steps validate and save at the last step."""
+    """Also: eval_every and save_every beyond max_steps validate and save at the last step, and a warm-up
+    longer than the run is said."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -157,6 +158,8 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     assert result.returncode == 0, result.stderr[-3000:]
     assert {path.name for path in (home / "runs" / "x").iterdir()} >= {"best.pt", "last.pt", "config.yaml"}
     assert list(work.iterdir()) == []
+    assert ("warning: optim.warmup_steps=100 is more than train.max_steps=2: the learning rate never reaches "
+            "optim.lr=0.001 (it ends at 2% of it)") in result.stdout + result.stderr
 
 
 @pytest.mark.slow

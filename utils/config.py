@@ -573,6 +573,16 @@ def validate(config: Config) -> None:
         raise ConfigError(str(error)) from None
 
 
+def config_warnings(config: Config) -> list[str]:
+    """Keys that do not contradict each other but may not do what was meant: said at start-up, not refused
+    (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
+    optim, steps = config.optim, config.train.max_steps
+    if optim.warmup_steps > steps:
+        return [f"optim.warmup_steps={optim.warmup_steps} is more than train.max_steps={steps}: the learning rate "
+                f"never reaches optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"]
+    return []
+
+
 def check_listed_once(key: str, roots: list[str]) -> None:
     """An LMDB listed twice (`datasets/a` and `datasets/a/`) would be drawn twice as often, or scored twice."""
     first: dict[str, int] = {}
