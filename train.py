@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 import yaml
@@ -42,14 +42,14 @@ from training.checkpoint import (check_config, load_checkpoint, load_initial_wei
                                  save_checkpoint, training_checkpoint, weights_checkpoint)
 from training.log_window import LogWindow
 from training.precision_choice import choose_precision
-from training.run_folder import (check_run_folder, checkpoint_path, clear_run_folder, find_latest_checkpoint,
-                                 lock_run_folder, point_last_at, prepare_run_folder, prune_checkpoints,
-                                 unlock_run_folder, write_config)
+from training.run_folder import (RunFolderLock, check_run_folder, checkpoint_path, clear_run_folder,
+                                 find_latest_checkpoint, lock_run_folder, point_last_at, prepare_run_folder,
+                                 prune_checkpoints, unlock_run_folder, write_config)
 from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
-from utils.config import Config, ConfigError, load_config, to_dict, validate
+from utils.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
 from utils.precision import autocast
@@ -112,7 +112,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
              f"{config.train.out_dir}")
 
 
-def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> IO[str] | None:
+def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> RunFolderLock | None:
     """Rank 0 locks the run folder (training.run_folder.lock_run_folder); every rank stops alike when another
     run holds it. Returns the lock to hold while the run lives (None on other ranks)."""
     lock, refusal = None, ""
@@ -163,9 +163,16 @@ def train_loop(config: Config, env: DistEnv, setup: Setup, model: nn.Module, val
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument("--config", action=ConfigFileOption, help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=3e-4")
-    return parser.parse_args()
+    # Intermixed: overrides may stand on both sides of --config. An unknown option (`--optim.lr=3e-4`) is
+    # named with how to write it, where argparse's "unrecognized arguments" would not say.
+    args, unknown = parser.parse_known_intermixed_args()
+    if unknown:
+        option = unknown[0]
+        raise ConfigError(f"unknown option {option}; overrides are written without dashes, as key=value: "
+                          f"{option.lstrip('-')}" + ("" if "=" in option else "=VALUE"))
+    return args
 
 
 def read_config() -> Config:
@@ -337,6 +344,7 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tup
     if not env.is_main:
         return
     out_dir = Path(config.train.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     if config.train.overwrite:
         clear_run_folder(out_dir)
     write_config(out_dir, config)
@@ -401,6 +409,8 @@ def describe_run(config: Config, env: DistEnv, setup: Setup, log: RunLog) -> Non
              f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
              f"{config.train.max_steps} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
              f"steps per epoch")
+    for warning in config_warnings(config):
+        log.info(f"warning: {warning}")
 
 
 def check_skipped(config: Config, state: TrainState, taken: bool, log: RunLog) -> None:

@@ -4,6 +4,7 @@ Kept free of torch so that data tools start fast.
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -17,16 +18,19 @@ FILE_NAME = re.compile(r".+\.[A-Za-z][A-Za-z0-9]{0,4}")
 
 
 def load_alphabet(spec: str) -> str:
-    """Return the alphabet named by `spec`: the characters themselves, or a file with one per line.
+    """Return the alphabet named by `spec`: the characters themselves, or a file with one per line
+    (`~/` is the home folder).
 
     A value that names an existing file, or that looks like a file name (ends in `.` and a few
     letters: `keys.txt`, `chars.dat`), is read as a file; anything else is the alphabet. Files are how
-    large alphabets (thousands of CJK characters) are given.
+    large alphabets (thousands of CJK characters) are given. Characters come back composed (NFC), the
+    form CTCCodec.normalize gives labels: `é` typed as `e` + U+0301 on a line of its own is one character.
     """
-    path = Path(spec)
+    path = Path(os.path.expanduser(spec) if spec.startswith("~/") else spec)
     if not (FILE_NAME.fullmatch(spec) or path.is_file()):
-        check_alphabet(spec, source="data.alphabet")
-        return spec
+        alphabet = composed(spec)
+        check_alphabet(alphabet, source="data.alphabet")
+        return alphabet
     if path.is_dir():
         raise ValueError(f"alphabet file {spec!r} is a folder; give a file with one character per line")
     if not path.is_file():
@@ -35,6 +39,7 @@ def load_alphabet(spec: str) -> str:
                                 f" move the '.' elsewhere in the alphabet)")
     characters = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = unicodedata.normalize("NFC", line)
         if not line:
             raise ValueError(f"{spec}:{number}: empty line; {BLANK_IS_IMPLICIT}: delete the line"
                              " (write a space as a line holding a single space)")
@@ -49,6 +54,13 @@ def load_alphabet(spec: str) -> str:
     alphabet = "".join(characters)
     check_alphabet(alphabet, source=spec, lines=True)
     return alphabet
+
+
+def composed(alphabet: str) -> str:
+    """Each character in its composed (NFC) form, where that is one character (U+212B ANGSTROM SIGN is
+    U+00C5). Characters are not joined: a letter followed by a combining accent stays two classes, for
+    alphabets that list accents on their own."""
+    return "".join(form if len(form := unicodedata.normalize("NFC", char)) == 1 else char for char in alphabet)
 
 
 def check_alphabet(alphabet: str, source: str = "alphabet", lines: bool = False) -> None:

@@ -5,6 +5,7 @@ Class 0 is the CTC blank; the alphabet's characters are classes 1..N, in the ord
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 
 import torch
@@ -52,14 +53,35 @@ class CTCCodec:
         self.alphabet = alphabet
         self.fold_case = fold_case
         self.index = {char: i + 1 for i, char in enumerate(alphabet)}
+        # An alphabet that lists combining marks (U+0301 as a class of its own) reads an accented letter
+        # as its parts; one without them reads the composed letter.
+        self.lists_marks = any(unicodedata.combining(char) for char in alphabet)
 
     @property
     def num_classes(self) -> int:
         return len(self.alphabet) + 1  # + the blank
 
     def normalize(self, label: str) -> str:
-        """The label as the model is trained to read it (lowercased when folding case)."""
-        return label.lower() if self.fold_case else label
+        """The label as the model is trained to read it: lowercased when folding case, and in the
+        composed form (NFC) the alphabet is in (data.alphabet.load_alphabet), whatever form the dataset
+        stored: `e` + U+0301 is `é`. Where the alphabet lists `e` and U+0301 but not `é`, the parts.
+        ASCII labels take no Unicode work: this runs for every sample the data loader reads."""
+        label = label.lower() if self.fold_case else label
+        if label.isascii():
+            return label
+        label = unicodedata.normalize("NFC", label)
+        if not self.lists_marks:
+            return label
+        return "".join(char if char in self.index else self.parts(char) for char in label)
+
+    def parts(self, char: str) -> str:
+        """`char` decomposed (NFD) where the alphabet holds every part; otherwise `char` itself."""
+        decomposed = unicodedata.normalize("NFD", char)
+        return decomposed if all(part in self.index for part in decomposed) else char
+
+    def case_folding_conflicts(self) -> list[str]:
+        """The alphabet's characters that a lowercased label can never hold (`A` when folding case)."""
+        return [char for char in self.alphabet if char.lower() != char] if self.fold_case else []
 
     def remove_unknown(self, label: str) -> str:
         """`label` without the characters the model cannot emit (the benchmarks' evaluation protocol)."""

@@ -31,7 +31,9 @@ from utils.cache_home import cache_home
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
                 "too long for CTC")
 # Part of every cache key: bump it when the scan's rules or the entry's layout change.
-CACHE_FORMAT = 2  # 2: samples beyond num-samples are read (version 1 stopped at num-samples)
+# 2: samples beyond num-samples are read (version 1 stopped at num-samples); labels are compared with the
+# alphabet in composed Unicode form (CTCCodec.normalize)
+CACHE_FORMAT = 2
 
 
 @dataclass

@@ -36,7 +36,7 @@ from evaluation.evaluate import evaluate
 from models.losses import ctc_losses
 from train import build_setup, train_step, wrap_for_training
 from utils import cli
-from utils.config import ConfigError, load_config, validate
+from utils.config import ConfigError, ConfigFileOption, load_config, validate
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
 from utils.precision import autocast, candidate_precisions
 
@@ -45,7 +45,7 @@ ROUNDS = 5
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument("--config", action=ConfigFileOption, default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.num_workers=4")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
                         help="train.precision, measured alone (default: every candidate side by side)")

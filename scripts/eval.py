@@ -46,7 +46,7 @@ from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
-from utils.config import load_config
+from utils.config import ConfigFileOption, load_config
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
                         help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
                              " correct column and --errors (default benchmark, the field's protocol)")

@@ -85,7 +85,7 @@ from models import output_frames
 from training.checkpoint import load_model
 from training.peer_weights import easyocr_problems, write_easyocr_model
 from utils import cli
-from utils.config import Config, load_config
+from utils.config import Config, ConfigFileOption, load_config
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
 # EasyOCR's own recognizer names (easyocr/config.py): a custom model with one of them is not read.
@@ -135,7 +135,7 @@ def parse_args() -> argparse.Namespace:
                         help="images to compare on (default: rendered by scripts/make_synthetic.py)")
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
-    parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--int8", choices=INT8_MODES,
                         help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the"
                              " accuracy gate")

@@ -36,7 +36,7 @@ from evaluation.long_crops import LongCropTransform, PiecewiseModel
 from training.checkpoint import load_model
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
-from utils.config import Config, load_config
+from utils.config import Config, ConfigFileOption, load_config
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda:N")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
-    parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")

@@ -181,7 +181,7 @@ def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first
         result = train(synth, out_dir, "train.max_steps=2",
                        launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
     finally:
-        lock.close()  # as the kernel does when its process dies: the file stays
+        lock.file.close()  # as the kernel does when its process dies: the file stays
     line = (f"error: train.out_dir={out_dir} is in use by another run (PID {os.getpid()} on host "
             f"{os.uname().nodename}); wait for it to end, stop it, or pick another train.out_dir")
     assert result.returncode != 0 and result.stderr.count(line) == 2
@@ -264,3 +264,16 @@ def test_plot_names_a_metrics_log_that_is_a_folder_and_an_out_path_below_a_file(
     result = plot(tiny_run, "--out", str(tmp_path / "file" / "curves.png"))
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
         f"error: {tmp_path / 'file'}: File exists; something else is already there")
+
+
+def test_a_run_folder_the_lock_created_is_removed_again_when_nothing_was_written(tmp_path):
+    """The lock needs its folder, and a start that fails must leave none behind: the folders the lock
+    made are removed at unlock while empty, those holding anything (or existing before) are kept."""
+    lock, _ = lock_run_folder(tmp_path / "runs" / "new")
+    assert (tmp_path / "runs" / "new" / ".lock").exists()
+    unlock_run_folder(lock)
+    assert not any(tmp_path.iterdir())
+    lock, _ = lock_run_folder(tmp_path / "runs" / "used")
+    (tmp_path / "runs" / "used" / "config.yaml").write_text("x")
+    unlock_run_folder(lock)
+    assert [path.name for path in (tmp_path / "runs" / "used").iterdir()] == ["config.yaml"]

@@ -36,7 +36,7 @@ def test_threads_split_the_cores_between_local_processes(monkeypatch):
 @pytest.mark.slow
 def test_global_batch_must_divide_by_the_world_size(synth):
     """Fails on every rank before any process group exists (WORLD_SIZE as torchrun would set it)."""
-    env = {**run_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}
+    env = {**run_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "test"}
     result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", "train.batch_size=64"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -121,12 +122,14 @@ def check_run_folder(config: Config) -> None:
 
 
 def prepare_run_folder(out_dir: str | Path) -> None:
-    """Create `out_dir` and make sure files can be written in it, before any work is done: a folder on a
-    read-only disk, or without permission, is then a one-line error at start-up, not after an hour."""
+    """Make sure `out_dir` can be created and written, before any work is done: a folder on a read-only
+    disk, or without permission, is then a one-line error at start-up, not after an hour. Creates nothing
+    (the probe goes into the nearest folder that exists): a start that fails leaves no folder behind, and
+    train.py creates it when the run starts writing."""
     folder = Path(out_dir)
+    nearest = next(parent for parent in (folder, *folder.parents) if parent.exists() or parent == Path("."))
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+        handle, probe = tempfile.mkstemp(prefix=".write-test.", dir=nearest)
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
@@ -152,13 +155,24 @@ def clear_run_folder(out_dir: str | Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def lock_run_folder(out_dir: str | Path) -> tuple[IO[str], list[Path]]:
+@dataclass
+class RunFolderLock:
+    """The locked `.lock` file of a live run, and the folders its start created (deepest first)."""
+
+    file: IO[str]
+    created: list[Path]
+
+
+def lock_run_folder(out_dir: str | Path) -> tuple[RunFolderLock, list[Path]]:
     """Take the run folder for this process, or refuse: two runs writing into one folder would mix their
     checkpoints and logs. The lock is the kernel's (flock on out_dir/.lock), so it dies with its process
     and a crashed run never blocks the next one. Holding it, this process removes the temporary files a
-    killed run left. Returns the open lock file (give it to unlock_run_folder at the end) and what was
-    removed."""
-    path = Path(out_dir) / LOCK_FILE
+    killed run left. Returns the lock (give it to unlock_run_folder at the end) and what was removed.
+    The folder is created for the lock; unlock_run_folder removes it again if the run wrote nothing."""
+    folder = Path(out_dir)
+    created = [parent for parent in (folder, *folder.parents) if not parent.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
     while True:
         lock = path.open("a+", encoding="utf-8")
         try:
@@ -177,11 +191,17 @@ def lock_run_folder(out_dir: str | Path) -> tuple[IO[str], list[Path]]:
     lock.truncate()
     lock.write(f"PID {os.getpid()} on host {socket.gethostname()}\n")
     lock.flush()
-    return lock, remove_leftovers(out_dir)
+    return RunFolderLock(lock, created), remove_leftovers(out_dir)
 
 
-def unlock_run_folder(lock: IO[str]) -> None:
+def unlock_run_folder(lock: RunFolderLock) -> None:
     """Remove the lock file, then release the lock: a run that ends leaves nothing behind. (A killed one
-    leaves its .lock, which blocks nothing: the kernel released the lock.)"""
-    Path(lock.name).unlink(missing_ok=True)
-    lock.close()
+    leaves its .lock, which blocks nothing: the kernel released the lock.) Folders the start created and
+    nothing was written into are removed: a start that fails leaves no folder behind."""
+    Path(lock.file.name).unlink(missing_ok=True)
+    lock.file.close()
+    for folder in lock.created:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: the run wrote into it
+            break

@@ -5,20 +5,31 @@
 Unknown keys and values of the wrong type are errors that name the full key. Plain dataclasses rather
 than Hydra or OmegaConf: the whole schema reads in one file, needs no dependency, and its checks
 (types, ranges, repeated YAML keys) give errors in this project's words.
+
+What was typed is what is used. PyYAML reads YAML 1.1, where `017` is 15, `1:30` is 90, `on` is true and
+`1e-3` is text; here an unquoted value keeps its text and the key's type decides what it means
+(`read_plain`): a number reads as a reader would read it, and a form YAML 1.1 reads otherwise is refused
+with what to write. `~` in a path key is the home folder, in files and on the command line alike.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+import os
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from data.alphabet import load_alphabet
 from data.augment import LEVELS
+from data.codec import CTCCodec
 from data.lmdb_dataset import UNKNOWN_CHARACTERS
 from data.transforms import INTERPOLATIONS
 from models import check_model_config
@@ -28,6 +39,7 @@ CONFIG_DIR = REPO_ROOT / "configs"
 RESUMABLE = "may_change_on_resume"
 BOUND_TO = "a_checkpoint_loaded_into_a_run_needs_the_same_value"
 OTHER_KEYS = "takes_the_section's_other_keys"
+PATH = "is_a_path"  # a file or folder: `~` is expanded, and an empty value is refused
 
 
 def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -45,10 +57,17 @@ def bound_to(part: str, default: Any = dataclasses.MISSING, *, factory: Any = da
     return field(default=default, default_factory=factory, metadata={BOUND_TO: part})
 
 
+def path_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, may_change: bool = False,
+               words: tuple[str, ...] = ()) -> Any:
+    """A field naming a file or folder (or a list of them). `words`: values that are settings, not paths
+    (`auto`, `none`, `off`); the empty value is refused unless it is one of them."""
+    return field(default=default, default_factory=factory, metadata={PATH: words, RESUMABLE: may_change})
+
+
 @dataclass
 class DataConfig:
-    train: list[str] = field(default_factory=lambda: ["datasets/synth/train"])  # LMDB folders
-    val: list[str] = resumable(factory=lambda: ["datasets/synth/val"])
+    train: list[str] = path_field(factory=lambda: ["datasets/synth/train"])  # LMDB folders
+    val: list[str] = path_field(factory=lambda: ["datasets/synth/val"], may_change=True)
     # Share of each global batch drawn from each data.train entry, e.g. [0.5, 0.5] for MJSynth +
     # SynthText; empty: one shuffle of all of them together (each in proportion to its size).
     train_ratios: list[float] = field(default_factory=list)
@@ -79,7 +98,7 @@ class DataConfig:
     # Where the usable-sample index of each LMDB is cached (data/label_index.py), so that a restart
     # need not read every label again (~40 s for 14.4 M): auto ($XDG_CACHE_HOME or ~/.cache, then
     # crnn-ocr/lmdb-index), a folder, or off. Never the dataset's own folder; safe to delete any time.
-    index_cache: str = resumable("auto")
+    index_cache: str = path_field("auto", may_change=True, words=("auto", "off"))
 
 
 @dataclass
@@ -117,7 +136,7 @@ class TrainConfig:
     eval_every: int = resumable(250)
     log_every: int = resumable(50)
     eval_batch_size: int = resumable(128)  # global, like batch_size
-    out_dir: str = resumable("runs/crnn")
+    out_dir: str = path_field("runs/crnn", may_change=True)
     seed: int = 0
     precision: str = resumable("auto")  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
     channels_last: bool = resumable(True)
@@ -130,9 +149,10 @@ class TrainConfig:
     keep_checkpoints: int = resumable(3)  # the newest K numbered checkpoints are kept; best.pt is kept apart
     # auto: continue from the newest valid checkpoint in out_dir, if any; none: start afresh;
     # or the path of a checkpoint to continue from (model, optimizer, scheduler, data position, RNG).
-    resume: str = resumable("auto")
+    resume: str = path_field("auto", may_change=True, words=("auto", "none"))
     overwrite: bool = resumable(False)  # start afresh in an out_dir that holds another run, deleting its checkpoints
-    init_from: str = resumable("")  # a checkpoint whose weights start this run (its optimizer is not used)
+    # a checkpoint whose weights start this run (its optimizer is not used); empty: none
+    init_from: str = path_field("", may_change=True, words=("",))
     max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
 
 
@@ -172,9 +192,64 @@ def resolve_config_path(name: str) -> Path:
     raise ConfigError(f"config file {name!r} not found (looked in the current folder and in {CONFIG_DIR})")
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the last
-    one silently, so a second `train:` section would drop every key of the first."""
+class PlainText(str):
+    """The text of an unquoted YAML scalar, as typed: the key's type decides what it means (read_plain)."""
+
+
+PLAIN_TAG = "tag:crnn-ocr,plain"
+NULLS = ("", "null", "Null", "NULL")  # `~` too in YAML; for a path key it would read as the home folder
+BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+# A real number as Python and YAML 1.2 write it (`1e-3` too), or infinity and NaN (`.inf`, `nan`: the
+# range checks in `validate` then name the key).
+REAL = re.compile(r"[-+]?(([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+"
+                  r"|\.?(?i:inf|infinity|nan))")
+
+
+def real(text: str) -> float:
+    """A text REAL matches, as a float: YAML's `.inf` and `.nan` are Python's `inf` and `nan`."""
+    return float(re.sub(r"\.(?=[iInN])", "", text))
+
+
+def decimal_or_octal(text: str, reading: Any) -> str:
+    """What to write for `017`: the decimal number, and PyYAML's octal reading where that differs."""
+    decimal = int(text.replace("_", ""), 10)
+    octal = f", or {reading} if you meant octal" if isinstance(reading, int) and reading != decimal else ""
+    return f"{decimal}{octal}"
+
+
+def prefixed_number(text: str, reading: Any) -> str:
+    """What to write for `0x1F`: its value in decimal, if it is a number in its base."""
+    try:
+        return str(int(text, 0))
+    except ValueError:
+        return "a decimal number"
+
+
+# Forms that YAML 1.1, YAML 1.2 or Python read otherwise than a person does: (pattern, why, what to
+# write instead, from the text and PyYAML's reading of it).
+AMBIGUOUS: tuple[tuple[re.Pattern, str, Callable[[str, Any], str]], ...] = (
+    (re.compile(r"(?i)yes|no|on|off|y|n"), "YAML 1.1 reads yes/no/on/off as true/false",
+     lambda text, reading: "true or false"),
+    (re.compile(r"[-+]?0[0-9_]+"), "a leading 0 makes it octal in YAML 1.1", decimal_or_octal),
+    (re.compile(r"[-+]?0[xob][0-9a-fA-F_]*"), "a 0x, 0o or 0b prefix: YAML 1.1 reads 0x and 0b, not 0o",
+     prefixed_number),
+    (re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"), "YAML 1.1 reads numbers with ':' in base 60",
+     lambda text, reading: f"{reading}, the value in decimal, if that is what you meant"),
+    (re.compile(r"[-+]?[0-9._]*_[0-9._]*([eE][-+]?[0-9]+)?"), "YAML 1.1 drops the '_', YAML 1.2 reads text",
+     lambda text, reading: text.replace("_", "")),
+    (re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*"), "YAML reads it as a date",
+     lambda text, reading: f"'{text}', quoted"),
+)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that an unquoted value keeps its text (PlainText), and a key given twice in
+    one mapping is an error: PyYAML keeps the last one silently, so a second `train:` section would drop
+    every key of the first."""
+
+    # Every unquoted scalar resolves to PlainText, instead of YAML 1.1's booleans, octal and base-60 numbers.
+    yaml_implicit_resolvers = {None: [(PLAIN_TAG, re.compile(r".*", re.DOTALL))]}
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -188,6 +263,18 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+ConfigLoader.add_constructor(PLAIN_TAG, lambda loader, node: PlainText(node.value))
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    loader = ConfigLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml_file(path: Path) -> Any:
     """A YAML file's contents, refusing repeated keys; errors name the file (and line)."""
     try:
@@ -196,30 +283,55 @@ def read_yaml_file(path: Path) -> Any:
         raise ConfigError(f"{path}: not UTF-8 text ({error}); re-save it as UTF-8") from None
     except IsADirectoryError:
         raise ConfigError(f"{path} is a folder; give a YAML file") from None
-    loader = UniqueKeyLoader(text)
-    loader.name = str(path)
     try:
-        return loader.get_single_data()
+        return parse_yaml(text, str(path))
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    finally:
-        loader.dispose()
+        raise ConfigError(describe_yaml_error(error, path)) from None
+
+
+def describe_yaml_error(error: yaml.YAMLError, path: Path) -> str:
+    """PyYAML's multi-line report as one line: the file and line, and what is wrong there."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}" if mark else str(path)
+    what = "; ".join(part for part in (getattr(error, "context", None), getattr(error, "problem", None)) if part)
+    tabs = "; indent with spaces: YAML does not allow tabs there" if "'\\t'" in what else ""
+    return f"{where}: not valid YAML: {what or error}{tabs}"
+
+
+class ConfigFileOption(argparse.Action):
+    """`--config FILE` of every command, refused when given twice: argparse would keep the second file
+    and drop every value of the first without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option_string: str | None = None) -> None:
+        if getattr(self, "given", None) is not None:
+            raise ConfigError(f"--config is given twice ({self.given}, then {value}); a second file would replace the "
+                              f"first: give one, and override its keys on the command line (e.g. optim.lr=3e-4)")
+        self.given = value
+        setattr(namespace, self.dest, value)
 
 
 def load_config(path: str | None, overrides: list[str]) -> Config:
-    """Defaults, then the YAML file's values, then `key=value` overrides (values parsed as YAML)."""
+    """Defaults, then the YAML file's values, then `key=value` overrides (values read as in a file)."""
     config = Config()
     if path:
         config_path = resolve_config_path(path)
-        values = read_yaml_file(config_path) or {}
+        values = read_yaml_file(config_path)
+        if values is None:  # an empty file, or comments only: it would silently train the defaults
+            raise ConfigError(f"{config_path} holds no keys; give the config you meant, or leave out --config to "
+                              f"train with the defaults")
         if not isinstance(values, dict):
             raise ConfigError(f"{config_path}: expected a mapping of sections at the top level")
         apply_values(config, values, prefix="", source=str(config_path))
     for override in overrides:
         key, sep, text = override.partition("=")
+        if not sep and override.endswith((".yaml", ".yml")):
+            raise ConfigError(f"override {override!r}: expected key=value; to read a config file, give --config "
+                              f"{override}")
         if not sep or not key:
             raise ConfigError(f"override {override!r}: expected key=value, e.g. optim.lr=3e-4")
         set_value(config, key.strip(), text, source="command line")
+    expand_paths(config)
     return config
 
 
@@ -238,7 +350,7 @@ def apply_values(node: Any, values: dict, prefix: str, source: str) -> None:
     for key, value in values.items():
         full_key = f"{prefix}{key}"
         if key not in names and extra is not None:
-            extra[key] = value
+            extra[str(key)] = untyped(value, full_key, source)
             continue
         if key not in names:
             raise ConfigError(f"{source}: unknown key {full_key!r}; known keys here: {', '.join(names)}")
@@ -262,66 +374,144 @@ def set_value(config: Config, dotted_key: str, text: str, source: str) -> None:
         raise ConfigError(f"{source}: unknown key {dotted_key!r}")
     extra = other_keys(node)
     if last not in schema_fields(node) and extra is not None:
-        extra[last] = parse_yaml_value(text, dotted_key, source)
+        extra[last] = untyped(parse_yaml_value(text, dotted_key, source), dotted_key, source)
         return
     if last not in schema_fields(node):
         raise ConfigError(f"{source}: unknown key {dotted_key!r}")
     if dataclasses.is_dataclass(getattr(node, last)):
         raise ConfigError(f"{source}: {dotted_key!r} is a section; set its keys one by one")
     expected = field_type(node, last)
-    # A string option takes the text as typed: YAML would turn `data.alphabet=0123` into the int 123.
+    # A string option takes the text as typed, quotes and brackets included: `data.alphabet=0123`.
     value = text if expected is str else parse_yaml_value(text, dotted_key, source)
     setattr(node, last, coerce(value, expected, dotted_key, source))
 
 
 def parse_yaml_value(text: str, key: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = parse_yaml(text, source)
+    except (yaml.YAMLError, ConfigError):
         raise ConfigError(f"{source}: cannot parse the value of {key!r}: {text!r}") from None
+    return PlainText("") if value is None else value  # `key=`: an empty document
 
 
 def field_type(node: Any, name: str) -> Any:
     return typing.get_type_hints(type(node))[name]
 
 
+def read_plain(text: PlainText, key: str, source: str, may_be_text: bool = False) -> Any:
+    """What an unquoted value means to a person: null, true/false, a decimal integer, a real number
+    (`1e-3` included, which YAML 1.1 leaves as text), or text. A form that YAML 1.1, YAML 1.2 or
+    Python read otherwise (`017`, `0x1F`, `1:30`, `1_000`, `on`) is refused with what to write.
+    `may_be_text`: the key takes text as well (an architecture's own setting), so quoting is a way out."""
+    if text in NULLS:
+        return None
+    if text in BOOLEANS:
+        return BOOLEANS[text]
+    if DECIMAL.fullmatch(text):
+        return int(text)
+    if REAL.fullmatch(text) and not re.fullmatch(r"[-+]?0[0-9]+([eE].*)?", text):
+        return real(text)
+    for pattern, why, write in AMBIGUOUS:
+        if pattern.fullmatch(text):
+            reading = yaml_1_1(text)
+            written = write(text, reading)
+            quote = ", or quote it for the text" if may_be_text and not written.startswith("'") else ""
+            raise ConfigError(f"{source}: {key}={text} is ambiguous ({why}; PyYAML alone reads {reading!r}); write "
+                              f"{written}{quote}")
+    return str(text)
+
+
+def yaml_1_1(text: str) -> Any:
+    """What PyYAML alone makes of an unquoted value (shown when it differs from what a person reads)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def untyped(value: Any, key: str, source: str) -> Any:
+    """A value for a key outside the schema (an architecture's own setting): each unquoted scalar as
+    read_plain reads it, in lists and mappings too."""
+    if isinstance(value, PlainText):
+        return read_plain(value, key, source, may_be_text=True)
+    if isinstance(value, list):
+        return [untyped(item, f"{key}[{i}]", source) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(name): untyped(item, f"{key}.{name}", source) for name, item in value.items()}
+    return value
+
+
 def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
     def wrong(what: str) -> ConfigError:
-        return ConfigError(f"{source}: {key!r} must be {what}, got {value!r}")
+        return ConfigError(f"{source}: {key!r} must be {what}, got {typed!r}")
+
+    typed = str(value) if isinstance(value, PlainText) else value  # as it was typed, for the messages
 
     if isinstance(expected, types.UnionType):  # `float | None`: null, or a value of the other type
         (inner,) = [option for option in typing.get_args(expected) if option is not type(None)]
-        return None if value is None else coerce(value, inner, key, source)
+        null = value is None or isinstance(value, PlainText) and value in (*NULLS, "~")
+        return None if null else coerce(value, inner, key, source)
 
     if typing.get_origin(expected) is list:
         (item_type,) = typing.get_args(expected)
         items = value if isinstance(value, list) else [value]  # a single value is a one-item list
         return [coerce(item, item_type, f"{key}[{i}]", source) for i, item in enumerate(items)]
+    if expected is str:
+        if isinstance(value, PlainText):  # a string key takes the text as typed
+            if value == "~":
+                raise ConfigError(f"{source}: {key}=~ is ambiguous (null in YAML, the home folder in a shell); "
+                                  f"write '' for none, or the folder itself (~/ and a name)")
+            return "" if value in NULLS else str(value)
+        if not isinstance(value, str):
+            raise wrong("a string (quote it in YAML)")
+        return value
+    if isinstance(value, PlainText):
+        value = read_plain(value, key, source)
     if expected is bool:
         if not isinstance(value, bool):
             raise wrong("true or false")
         return value
     if expected is int:
+        if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+            raise wrong(f"an integer (write {int(value)})")
         if isinstance(value, bool) or not isinstance(value, int):
             raise wrong("an integer")
         return value
     if expected is float:
-        # YAML 1.1 reads `1e-3` (no dot) as a string; accept any text that is a number.
-        if isinstance(value, bool):
-            raise wrong("a number")
-        try:
+        # A quoted number ("1e-3") is accepted too, when it is one that read_plain would read.
+        if isinstance(value, str) and REAL.fullmatch(value.strip()):
+            return real(value.strip())
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        except (TypeError, ValueError):
-            raise wrong("a number") from None
-    if expected is str:
-        if not isinstance(value, str):
-            raise wrong("a string (quote it in YAML)")
-        return value
+        raise wrong("a number")
     raise TypeError(f"unsupported config type for {key}: {expected}")
 
 
+def path_keys() -> dict[str, tuple[str, ...]]:
+    """Every key naming a file or folder, with the words it takes besides a path."""
+    return {key: item.metadata[PATH] for key, item in leaf_fields().items() if PATH in item.metadata}
+
+
+def expand_paths(config: Config) -> None:
+    """`~` is the home folder in every path key (the shell leaves `train.out_dir=~/runs` alone: it is not
+    an assignment); an empty path is refused, as it would mean the working folder."""
+    for key, words in path_keys().items():
+        section, name = key.rsplit(".", 1)
+        node = getattr(config, section)
+        value = getattr(node, name)
+        paths = value if isinstance(value, list) else [value]
+        for i, item in enumerate(paths):
+            where = f"{key}[{i}]" if isinstance(value, list) else key
+            if not item.strip() and item not in words:
+                settings = f", or {' or '.join(repr(word) for word in words)}" if words else ""
+                raise ConfigError(f"{where} is empty: give a path{settings}")
+        expanded = [item if item in words else os.path.expanduser(item) for item in paths]
+        setattr(node, name, expanded if isinstance(value, list) else expanded[0])
+
+
 def validate(config: Config) -> None:
-    """Checks that need no files and no processes: wrong choices fail before anything starts."""
+    """Checks that need no processes (the alphabet file is the one file read): wrong choices and keys that
+    contradict each other fail before anything starts."""
     choices = {
         "optim.name": (config.optim.name, ("adam", "adadelta")),
         "optim.schedule": (config.optim.schedule, ("cosine", "constant")),
@@ -379,19 +569,54 @@ def validate(config: Config) -> None:
     if not config.data.val:  # best.pt would hold the weights of the first validation, of nothing, forever
         raise ConfigError("data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
                           "checkpoint that scores best there (a held-out part of the training data will do)")
+    for key, roots in (("data.train", config.data.train), ("data.val", config.data.val)):
+        check_listed_once(key, roots)
     ratios = config.data.train_ratios
     if ratios and (len(ratios) != len(config.data.train) or sum(ratios) <= 0):  # each >= 0: the table above
         raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
                           f"({len(config.data.train)}), not all 0")
-    if not config.train.resume:
-        raise ConfigError("train.resume is empty: use auto, none, or the path of a checkpoint")
     if config.train.resume not in ("auto", "none") and config.train.init_from:
         raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
                           " init_from starts one; keep one of them")
+    check_case_folding(config)
     try:
         check_model_config(config.model)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def config_warnings(config: Config) -> list[str]:
+    """Keys that do not contradict each other but may not do what was meant: said at start-up, not refused
+    (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
+    optim, steps = config.optim, config.train.max_steps
+    if optim.warmup_steps > steps:
+        return [f"optim.warmup_steps={optim.warmup_steps} is more than train.max_steps={steps}: the learning rate "
+                f"never reaches optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"]
+    return []
+
+
+def check_listed_once(key: str, roots: list[str]) -> None:
+    """An LMDB listed twice (`datasets/a` and `datasets/a/`) would be drawn twice as often, or scored twice."""
+    first: dict[str, int] = {}
+    for i, root in enumerate(roots):
+        same = first.setdefault(os.path.realpath(root), i)
+        if same != i:
+            raise ConfigError(f"{key} lists one LMDB twice: {key}[{same}]={roots[same]} and {key}[{i}]={root}; list it "
+                              f"once" + (" (data.train_ratios sets each LMDB's share of a batch)"
+                                         if key == "data.train" else ""))
+
+
+def check_case_folding(config: Config) -> None:
+    """data.fold_case lowercases every label: capital letters in the alphabet would be classes no target
+    ever holds, and a mixed-case model would silently train case-insensitively. Reads the alphabet file."""
+    if not config.data.fold_case:
+        return
+    conflicts = CTCCodec(load_alphabet(config.data.alphabet), fold_case=True).case_folding_conflicts()
+    if conflicts:
+        shown = "".join(conflicts[:10]) + ("..." if len(conflicts) > 10 else "")
+        raise ConfigError(f"data.fold_case=true lowercases every label, but data.alphabet has {len(conflicts)} "
+                          f"character(s) no lowercased label holds ({shown}): the model would never learn them. Set "
+                          f"data.fold_case=false to read case, or remove them from data.alphabet")
 
 
 def leaf_fields(node: Any = None, prefix: str = "") -> dict[str, dataclasses.Field]:

@@ -1,12 +1,17 @@
 """Distributed setup from torchrun's environment, with one process as the same code path.
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE (and LOCAL_WORLD_SIZE); without them this is a single
-process and no process group is created.
+process and no process group is created. Outside torchrun those variables are refused (a stale
+WORLD_SIZE left in a shell would make a plain `python train.py` wait for peers that never come), and
+the rendezvous at start-up is bounded: it ends with one line naming what it waited for.
 """
 from __future__ import annotations
 
 import os
+import socket
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -34,13 +39,43 @@ class DistEnv:
         return self.world_size > 1
 
 
+# torchrun's own mark on every worker it starts (torch 2.x; with RANK, LOCAL_RANK, GROUP_RANK, ...).
+# Another launcher that sets RANK and WORLD_SIZE is not supported: there is one way to launch.
+LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
+# How long a process waits at start-up for the others. torchrun starts every worker of every node at
+# once, after its own rendezvous of the nodes; this covers the imports and config reading between.
+JOIN_TIMEOUT = timedelta(minutes=5)
+
+
 def read_env() -> tuple[int, int, int, int]:
-    """(rank, local_rank, world_size, local_world_size) from torchrun's variables, or one process."""
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return rank, local_rank, world_size, local_world_size
+    """(rank, local_rank, world_size, local_world_size) from torchrun's variables, or one process.
+
+    Without torchrun, these variables in the environment are what another job left in the shell: a
+    world size above 1 would wait for processes that were never started, a rank above 0 would run
+    silently without a log. Both are refused, naming the variable."""
+    one_process = {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 1}
+    values = {name: env_int(name, default) for name, default in one_process.items()}
+    values["LOCAL_WORLD_SIZE"] = env_int("LOCAL_WORLD_SIZE", values["WORLD_SIZE"])
+    if LAUNCHED_BY_TORCHRUN not in os.environ:
+        for name, value in values.items():
+            if value != one_process.get(name, 1):
+                raise ValueError(f"{name}={value} is set in the environment, but this process was not started by "
+                                 f"torchrun (${LAUNCHED_BY_TORCHRUN} is not set): a variable left from another job, or "
+                                 f"another launcher. Unset {name} to run one process, or launch with torchrun "
+                                 f"--nproc_per_node=N")
+    if not 0 <= values["RANK"] < values["WORLD_SIZE"]:
+        raise ValueError(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}: launch with torchrun")
+    return values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"], values["LOCAL_WORLD_SIZE"]
+
+
+def env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer; unset it or give a number") from None
 
 
 def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -> torch.device:
@@ -65,8 +100,9 @@ def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -
     return torch.device("cuda", local_rank)
 
 
-def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
-    """Bind this process to its device, set its CPU threads, then join the process group."""
+def setup_distributed(device_ids: list[int], threads: int = 0, join_timeout: timedelta = JOIN_TIMEOUT) -> DistEnv:
+    """Bind this process to its device, set its CPU threads, then join the process group (waiting at
+    most `join_timeout` for the other processes)."""
     rank, local_rank, world_size, local_world_size = read_env()
     device = pick_device(local_rank, local_world_size, device_ids)
     if device.type == "cuda":
@@ -78,8 +114,8 @@ def setup_distributed(device_ids: list[int], threads: int = 0) -> DistEnv:
     cpu_group = None
     if world_size > 1:
         backend = process_group_backend(device, device_ids, local_world_size)
-        dist.init_process_group(backend=backend, store=attempt_store(world_size), rank=rank, world_size=world_size,
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(backend=backend, store=join_store(rank, world_size, join_timeout), rank=rank,
+                                world_size=world_size, device_id=device if backend == "nccl" else None)
         if backend != "gloo":
             cpu_group = dist.new_group(backend="gloo")
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, cpu_group=cpu_group)
@@ -95,27 +131,79 @@ def process_group_backend(device: torch.device, device_ids: list[int], local_wor
     return "gloo" if shares_a_gpu else "nccl"
 
 
-def attempt_store(world_size: int) -> dist.Store | None:
-    """The rendezvous store of this torchrun attempt, or None to let torch open it from the environment.
+def join_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, once every process of the run has checked in; at most `timeout` of waiting.
 
-    torchrun's agent keeps one store across restarts, and torch 2.14 does not separate the attempts'
-    keys in it: a restarted rank that starts a little late makes its peers read the address it had
-    in the attempt that died, and the process group fails with "Connection refused". Prefixing the
-    keys with the restart count gives every attempt its own.
+    torch's own rendezvous waits 30 minutes inside C++, where neither SIGTERM nor Ctrl-C is acted on.
+    Here the waiting is a loop in Python: a signal stops it at once (utils.preemption), and the
+    deadline ends it with one line.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-                          timeout=default_pg_timeout)
-    return dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    address, port = rendezvous_address()
+    deadline = time.monotonic() + timeout.total_seconds()
+    # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); otherwise rank 0 does.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if rank == 0 and not agent_store:
+        try:
+            store = dist.TCPStore(address, port, world_size, is_master=True, wait_for_workers=False)
+        except RuntimeError as error:
+            raise ValueError(f"MASTER_PORT={port}: rank 0 cannot host the rendezvous there ({error}); "
+                             f"pick a free port (torchrun --master_port)") from None
+    else:
+        wait_until_reachable(address, port, deadline, timeout)
+        store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timedelta(seconds=60))
+    if agent_store:
+        # torchrun's agent keeps one store across restarts, and torch 2.14 does not separate the attempts'
+        # keys in it: a restarted rank that starts a little late makes its peers read the address it had
+        # in the attempt that died ("Connection refused"). Prefixed keys give every attempt its own.
+        store = dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    wait_for_every_process(store, world_size, deadline, timeout, f"{address}:{port}")
+    store.set_timeout(default_pg_timeout)  # from here on, torch's own timeout for its collectives
+    return store
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """MASTER_ADDR and MASTER_PORT, which torchrun sets."""
+    address, port = os.environ.get("MASTER_ADDR", ""), env_int("MASTER_PORT", 0)
+    if not address or not 0 < port < 65536:
+        raise ValueError(f"MASTER_ADDR={address!r} and MASTER_PORT={port or ''!r} must name the rendezvous of the "
+                         f"{os.environ.get('WORLD_SIZE')} processes; launch with torchrun, which sets both")
+    return address, port
+
+
+def wait_until_reachable(address: str, port: int, deadline: float, timeout: timedelta) -> None:
+    """Wait for the store's host to listen. A plain socket, not TCPStore: its failed attempts each print
+    a C++ stack trace."""
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout.total_seconds():g} s for the rendezvous at MASTER_ADDR:"
+                                   f"MASTER_PORT={address}:{port} ({error.strerror or error}): rank 0 never started, "
+                                   f"or the address is wrong or unreachable from this node") from None
+            time.sleep(0.5)
+
+
+def wait_for_every_process(store: dist.Store, world_size: int, deadline: float, timeout: timedelta,
+                           where: str) -> None:
+    """Check in, then wait until all `world_size` processes have."""
+    joined = store.add("processes-joined", 1)
+    while joined < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout.total_seconds():g} s at {where} for the {world_size} processes of the "
+                               f"run (WORLD_SIZE); {joined} joined. Another process failed before joining (see its "
+                               f"error above) or never started: check each node's log")
+        time.sleep(0.2)
+        joined = store.add("processes-joined", 0)
 
 
 def threads_per_process(requested: int, local_world_size: int) -> int:
     # Processes on one node share its cores; oversubscribing them slows every step several-fold.
     if requested > 0:
         return requested
-    if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    if os.environ.get("OMP_NUM_THREADS", "").strip():
+        return max(1, env_int("OMP_NUM_THREADS", 1))
     return max(1, (os.cpu_count() or 1) // local_world_size)
 
 
