@@ -19,6 +19,7 @@ import random
 import sys
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
+from data.codec import CTCCodec
 from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import image_key, label_key
 from data.transforms import decode_image, image_size
@@ -101,7 +103,8 @@ def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
     return (*image_size(image_bytes), kind)  # upright, as training sees it
 
 
-def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, fold_case: bool, decode: bool) -> Report:
+def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, normalize: Callable[[str], str],
+         decode: bool) -> Report:
     report = Report()
     for index in tqdm(indices, desc="scanning", unit="sample", mininterval=2.0, disable=None):
         raw_label, image_bytes = txn.get(label_key(index)), txn.get(image_key(index))
@@ -113,7 +116,7 @@ def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, fold_
             except UnicodeDecodeError:
                 report.not_utf8.append(index)
                 label = bytes(raw_label).decode("utf-8", errors="replace")  # what training reads
-            label = label.lower() if fold_case else label
+            label = normalize(label)
             report.label_lengths[len(label)] += 1
             if not label:
                 report.empty_labels.append(index)
@@ -175,12 +178,11 @@ def examples(indices: list[int]) -> str:
     return shown + (f" and {len(indices) - EXAMPLES} more" if len(indices) > EXAMPLES else "")
 
 
-def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, fold_case: bool) -> None:
+def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, normalize: Callable[[str], str]) -> None:
     """Each sample's image fitted into a tile, with `#index: label` under it."""
     samples = []
     for index in indices:
-        label = bytes(txn.get(label_key(index))).decode("utf-8", errors="replace")
-        label = label.lower() if fold_case else label
+        label = normalize(bytes(txn.get(label_key(index))).decode("utf-8", errors="replace"))
         try:
             picture: Image.Image | str = decode_image(bytes(txn.get(image_key(index))), "RGB")  # as training sees it
         except Exception:  # the report above says why
@@ -258,6 +260,10 @@ def main(argv: list[str] | None = None) -> None:
             alphabet = load_alphabet(args.alphabet)
         except (OSError, ValueError) as error:
             sys.exit(f"error: --alphabet: {error}")
+    # Labels as training reads them (case folded, Unicode composed as the alphabet is), so the counts
+    # below are training's; without an alphabet, only the case.
+    normalize = (CTCCodec(alphabet, args.fold_case).normalize if alphabet is not None
+                 else str.lower if args.fold_case else str)
     env = open_lmdb(args.lmdb)
     try:
         with env.begin(buffers=True) as txn:
@@ -289,14 +295,14 @@ def main(argv: list[str] | None = None) -> None:
             end = total if args.limit is None else min(total, args.limit)
             print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
                   f"scanned: samples {first} to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
-            report = scan(txn, range(first, end + 1), set(alphabet) if alphabet is not None else None, args.fold_case,
+            report = scan(txn, range(first, end + 1), set(alphabet) if alphabet is not None else None, normalize,
                           args.decode)
             print_report(report, alphabet, args.alphabet, args.fold_case, args.decode)
             if args.montage is not None and not report.complete:
                 print("montage: not written, no sample holds both a label and an image")
             elif args.montage is not None:
                 chosen = random.Random(args.seed).sample(report.complete, min(args.samples, len(report.complete)))
-                write_montage(txn, sorted(chosen), args.montage, args.fold_case)
+                write_montage(txn, sorted(chosen), args.montage, normalize)
                 print(f"montage: wrote {len(chosen)} samples (seed {args.seed}) to {args.montage}")
     finally:
         env.close()

@@ -86,3 +86,18 @@ def test_clear_errors_for_what_is_not_an_lmdb(tmp_path):
     (tmp_path / "data.mdb").write_bytes(b"a text file, not an LMDB\n" * 200)
     junk = inspect(tmp_path)
     assert junk.returncode != 0 and "is not a readable LMDB" in junk.stderr
+
+
+def test_labels_are_counted_as_training_reads_them_unicode_form_and_case(tmp_path):
+    """Decomposed labels (`e` + U+0301, as macOS file names store them) against a composed alphabet:
+    training composes them (CTCCodec.normalize), so inspection finds nothing outside the alphabet."""
+    root = tmp_path / "nfd"
+    with lmdb.open(str(root), map_size=1 << 22) as env, env.begin(write=True) as txn:
+        for index, label in enumerate(["Cafe\u0301", "the\u0301", "cafe"], start=1):
+            txn.put(b"image-%09d" % index, encoded(64))
+            txn.put(b"label-%09d" % index, label.encode())
+        txn.put(b"num-samples", b"3")
+    result = inspect(root, "--alphabet", "abcdefghijklmnopqrstuvwxyzé", "--fold-case")
+    assert result.returncode == 0, result.stderr
+    assert "characters outside the alphabet (27 characters from abcdefghijklmnopqrstuvwxyzé): 0 distinct" in result.stdout
+    assert "min 3, median 4, max 4" in result.stdout  # `café` is 4 characters, as training counts them
