@@ -42,7 +42,7 @@ from training.checkpoint import (check_config, load_checkpoint, load_initial_wei
                                  save_checkpoint, training_checkpoint, weights_checkpoint)
 from training.log_window import LogWindow
 from training.precision_choice import choose_precision
-from training.run_folder import (RunFolderLock, check_run_folder, checkpoint_path, clear_run_folder,
+from training.run_folder import (RunFolderLock, best_in_folder, check_run_folder, checkpoint_path, clear_run_folder,
                                  find_latest_checkpoint, lock_run_folder, point_last_at, prepare_run_folder,
                                  prune_checkpoints, unlock_run_folder, write_config)
 from training.run_log import RunLog
@@ -93,6 +93,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
             resume(config, env, setup, state, log, *resume_from)
         elif config.train.init_from:
             log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet, config))
+        if not config.train.overwrite:
+            keep_best_of_folder(config, env, state, log)
         start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
         val_loaders = build_val_loaders(config, setup, env, log)
         model = wrap_for_training(setup.model, env, config.train.compile)
@@ -391,6 +393,17 @@ def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: R
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     log.info(f"resumed from {path} at step {state.step} (epoch {state.step // sampler.batches_per_epoch}); "
              f"torchrun restart {restart}")
+
+
+def keep_best_of_folder(config: Config, env: DistEnv, state: TrainState, log: RunLog) -> None:
+    """A best.pt already in the folder, scored on these data.val sets, is replaced only by a better score:
+    a run started afresh or resumed from an older checkpoint must not put worse weights under its name."""
+    kept = best_in_folder(config.train.out_dir, config.data.val, log.info) if env.is_main else None
+    kept = broadcast_object(kept, group=env.cpu_group)
+    if kept is not None and kept > state.best_accuracy:
+        log.info(f"{Path(config.train.out_dir) / 'best.pt'} scores {kept:.4f} on data.val; a validation must beat it "
+                 f"to replace it")
+        state.best_accuracy = kept
 
 
 def restore_random_state(states: list[dict[str, Any]], env: DistEnv, log: RunLog) -> None:

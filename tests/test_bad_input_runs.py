@@ -277,3 +277,22 @@ def test_a_run_folder_the_lock_created_is_removed_again_when_nothing_was_written
     (tmp_path / "runs" / "used" / "config.yaml").write_text("x")
     unlock_run_folder(lock)
     assert [path.name for path in (tmp_path / "runs" / "used").iterdir()] == ["config.yaml"]
+
+
+@pytest.mark.slow
+def test_a_best_pt_already_in_the_folder_is_replaced_only_by_a_better_score(synth, tiny_run, tmp_path):
+    """A run killed before its first checkpoint leaves config.yaml and best.pt; the next start begins
+    afresh, and its first validations (a 4-step model) must not put worse weights under best.pt's name.
+    The same holds for a resume from an older checkpoint than the one best.pt was saved at."""
+    out_dir = copy_run(tiny_run, tmp_path)
+    for path in out_dir.glob("*.pt"):
+        if path.name != "best.pt":
+            path.unlink()
+    best = load_checkpoint(out_dir / "best.pt")
+    save_checkpoint(out_dir / "best.pt", {**best, "accuracy": 0.99})
+    kept = (out_dir / "best.pt").read_bytes()
+    result = train(synth, out_dir, "train.max_steps=4", "train.eval_every=4", "train.log_every=4",
+                   "data.augment=strong")
+    assert result.returncode == 0, result.stderr
+    assert f"{out_dir / 'best.pt'} scores 0.9900 on data.val; a validation must beat it to replace it" in result.stdout
+    assert (out_dir / "best.pt").read_bytes() == kept and (out_dir / "last.pt").is_file()

@@ -64,6 +64,22 @@ def find_latest_checkpoint(out_dir: str | Path, warn: Callable[[str], None]) -> 
     return None
 
 
+def best_in_folder(out_dir: str | Path, val: list[str], warn: Callable[[str], None]) -> float | None:
+    """The accuracy of the folder's best.pt, if it was measured on `val` (data.val): the score a run in
+    this folder must beat to replace it, whatever checkpoint the run started from."""
+    path = Path(out_dir) / "best.pt"
+    if not path.is_file():
+        return None
+    try:
+        best = load_checkpoint(path)
+    except ValueError as error:
+        warn(f"warning: {path} is not readable ({error}); the next validation replaces it")
+        return None
+    measured_on = best.get("config", {}).get("data", {}).get("val")
+    accuracy = best.get("accuracy")
+    return accuracy if measured_on == val and isinstance(accuracy, float) else None
+
+
 def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
     for _, path in numbered_checkpoints(out_dir)[keep:]:
         path.unlink(missing_ok=True)
