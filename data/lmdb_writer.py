@@ -18,6 +18,10 @@ import lmdb
 
 from data.lmdb_keys import NUM_SAMPLES, image_key, label_key, meta_key
 
+# data.mdb and lock.mdb: 0666, as for any file, so the umask decides (py-lmdb's default, 0755 less the
+# execute bits it drops, gives 0644 even where the umask lets the group write).
+FILE_MODE = 0o666
+
 COMMIT_EVERY = 1000
 # The map starts small and doubles whenever it fills: a fixed huge map is only address space on
 # Linux, but some platforms (Windows) allocate the file to the map's size up front.
@@ -36,9 +40,7 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
     path = Path(path)
     check_replaceable(path, overwrite)
     with staged_lmdb(path) as staging:
-        # mode 0666, as for any file: the umask decides (py-lmdb's default, 0755 less the execute bits it
-        # drops, gives 0644 even where the umask lets the group write).
-        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True, mode=0o666)
+        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True, mode=FILE_MODE)
         count = 0
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
         for image_bytes, label, *meta in samples:

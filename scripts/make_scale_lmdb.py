@@ -20,7 +20,7 @@ import lmdb
 from PIL import Image, ImageDraw, ImageFont
 
 from data.lmdb_keys import NUM_SAMPLES, image_key, label_key
-from data.lmdb_writer import check_replaceable, staged_lmdb
+from data.lmdb_writer import FILE_MODE, check_replaceable, staged_lmdb
 
 WORDS = Path(__file__).resolve().parents[1] / "data" / "words" / "english.txt"
 CHUNK = 1_000_000  # samples per transaction
@@ -47,7 +47,8 @@ def write_scale_lmdb(path: Path, samples: int, variants: int, seed: int) -> None
     random.Random(seed).shuffle(words)
     images = word_images(words, variants)
     encoded_words = [word.encode("utf-8") for word in words]
-    with staged_lmdb(path) as staging, lmdb.open(str(staging), map_size=MAP_SIZE, sync=False) as env:
+    with (staged_lmdb(path) as staging,
+          lmdb.open(str(staging), map_size=MAP_SIZE, sync=False, mode=FILE_MODE) as env):
         for key, value in ((image_key, lambda i: images[i % len(images)]),
                            (label_key, lambda i: encoded_words[i % len(encoded_words)])):
             for start in range(1, samples + 1, CHUNK):

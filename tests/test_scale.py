@@ -3,6 +3,7 @@ scripts/scale_check.py measures what docs/data.md reports (at a small N here).""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,3 +64,14 @@ def test_scale_check_measures_memory_sampling_and_reading(synth, tmp_path):
     ratios, shuffled = figures["sampler"]
     assert ratios["samples"] == shuffled["samples"] == 14_442_048 and ratios["per_batch_ms"] > 0
     assert figures["reading_images_per_s"]["big"] > 0 and figures["reading_images_per_s"]["small"] > 0
+
+
+def test_the_scale_lmdb_gets_the_permissions_of_the_umask(tmp_path):
+    """Like every LMDB the project writes (data.lmdb_writer.FILE_MODE): a group-writable umask gives
+    group-writable files, not py-lmdb's 0644, and the folder is not mkdtemp's 0700."""
+    result = subprocess.run([sys.executable, "scripts/make_scale_lmdb.py", "--out", str(tmp_path / "scale"),
+                             "--samples", "10", "--variants", "1"], cwd=REPO, env=run_env(), capture_output=True,
+                            text=True, timeout=120, preexec_fn=lambda: os.umask(0o002))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "scale").stat().st_mode & 0o777 == 0o775
+    assert (tmp_path / "scale" / "data.mdb").stat().st_mode & 0o777 == 0o664
