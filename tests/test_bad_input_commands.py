@@ -1,0 +1,229 @@
+"""Bad input, round 3, on the commands: Ctrl-C and SIGTERM end every command with one line and 130 or 143,
+eval.sh's NPROC, export's file names and writes, predict's devices, and options of eval.sh, predict.py,
+export.py and import_weights.py that were taken silently or named wrongly.
+
+Real processes where the entry point matters (a signal to a running command, eval.sh); the rest in-process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_env, write_images
+from training.checkpoint import save_checkpoint
+from utils import cli
+from utils.preemption import FORWARDED_BY_LAUNCHER, StopSignal
+
+SIGNALS = [signal.SIGINT, signal.SIGTERM]
+
+
+def run_cli(main) -> tuple[int, str]:
+    """Exit code and stderr of `cli.run(main)`, in this process."""
+    with pytest.raises(SystemExit) as exited:
+        cli.run(main)
+    code = exited.value.code
+    return (code, "") if isinstance(code, int) else (1, code)
+
+
+def signal_self(signum: int) -> None:
+    """Send `signum` to this process; its Python handler has run when this returns (or raised from here)."""
+    signal.raise_signal(signum)
+
+
+# --- signals: one line and 128 + the signal, for every command -------------------------------------------
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_stops_a_command_with_one_line_the_shells_exit_code_and_its_clean_up(signum, capsys):
+    cleaned = []
+
+    def main() -> int:
+        try:
+            signal_self(signum)
+            return 0
+        finally:
+            cleaned.append(True)
+
+    before = [signal.getsignal(signum) for signum in SIGNALS]
+    code, _ = run_cli(main)
+    assert code == 128 + signum
+    assert capsys.readouterr().err == f"stopped by {signal.Signals(signum).name}; no file was left half-written\n"
+    assert cleaned == [True]
+    assert [signal.getsignal(signum) for signum in SIGNALS] == before  # the handlers are put back
+
+
+def test_a_signal_that_comes_out_as_another_error_or_is_swallowed_is_still_reported_as_the_stop(capsys):
+    def import_interrupted() -> int:
+        try:
+            signal_self(signal.SIGINT)
+        except BaseException:  # what onnxruntime's C extension does with a Ctrl-C while it imports
+            raise ImportError("initialization failed") from None
+        return 0
+
+    def swallowed() -> int:
+        try:
+            signal_self(signal.SIGTERM)
+        except BaseException:
+            pass
+        return 0
+
+    assert run_cli(import_interrupted)[0] == 130
+    assert run_cli(swallowed)[0] == 143
+    assert capsys.readouterr().err.splitlines() == ["stopped by SIGINT; no file was left half-written",
+                                                    "stopped by SIGTERM; no file was left half-written"]
+
+
+def test_a_second_sigterm_lets_the_clean_up_finish_and_a_second_ctrl_c_does_not(capsys):
+    cleaned = []
+
+    def main(signum: int) -> int:
+        try:
+            signal_self(signum)
+        finally:
+            signal_self(signum)  # SLURM signals every process of a step; torchrun forwards SIGTERM too
+            cleaned.append(signum)
+        return 0
+
+    assert run_cli(lambda: main(signal.SIGTERM))[0] == 143
+    assert cleaned == [signal.SIGTERM]
+    assert run_cli(lambda: main(signal.SIGINT))[0] == 130  # the user insisting: the clean-up is cut short
+    assert cleaned == [signal.SIGTERM]
+
+
+def test_a_signal_while_train_loads_a_checkpoint_is_a_stop_not_a_broken_checkpoint(tmp_path, monkeypatch, capsys):
+    from training.checkpoint import load_checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": {"w": torch.ones(1)}, "step": 2})
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: signal_self(signal.SIGTERM))
+
+    def main() -> None:
+        stop = StopSignal()  # as train.py's main(): before the loop, a signal stops at once
+        try:
+            load_checkpoint(path)  # its `except Exception` for foreign files used to turn the stop into one
+        finally:
+            stop.restore()
+
+    assert run_cli(main)[0] == 143
+    assert capsys.readouterr().err == "stopped by SIGTERM before training started; nothing was saved\n"
+
+
+@pytest.mark.parametrize("under_torchrun", [True, False])
+def test_under_torchrun_a_second_sigint_is_torchruns_forward_and_the_checkpoint_is_still_written(under_torchrun,
+                                                                                                 monkeypatch):
+    # Ctrl-C reaches torchrun and its workers together, and torchrun then sends its workers a SIGINT of
+    # its own: a worker that took that for the user insisting would stop without its checkpoint.
+    if under_torchrun:
+        monkeypatch.setenv(FORWARDED_BY_LAUNCHER, "some-run")
+    else:
+        monkeypatch.delenv(FORWARDED_BY_LAUNCHER, raising=False)
+    handlers = cli.StopHandlers()  # what cli.run has installed when train.py's main() starts
+    stop = StopSignal()
+    try:
+        stop.defer(None)  # the loop runs
+        signal_self(signal.SIGINT)
+        if under_torchrun:
+            signal_self(signal.SIGINT)
+            assert stop.agreed() == signal.SIGINT  # noted, the loop checkpoints at the next step boundary
+        else:
+            with pytest.raises(cli.Stopped):  # a second Ctrl-C in a terminal: stop at once
+                signal_self(signal.SIGINT)
+    finally:
+        stop.restore()
+        handlers.restore()
+
+
+def start(command: list[str]) -> subprocess.Popen:
+    # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it.
+    return subprocess.Popen([sys.executable, *command], cwd=REPO, env={**run_env(), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def has_children(pid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                return True
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended while we looked
+    return False
+
+
+def stopped_with_one_line(process: subprocess.Popen, signum: int) -> None:
+    os.killpg(process.pid, signum)
+    try:
+        _, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("the signal was ignored")
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}; no file was left half-written" in stderr.splitlines()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_predict_stops_it_with_one_line_and_130(tiny_run, synth, tmp_path):
+    image = write_images(synth, tmp_path / "one", 1)[0]
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for index in range(3000):  # read one at a time: the run is still going when the signal comes
+        os.link(image, folder / f"{index:05d}.jpg")
+    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(folder), "--batch-size", "1",
+                     "--precision", "fp32"])
+    process.stdout.readline()  # the first reading: the model is loaded and reading
+    stopped_with_one_line(process, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_sigterm_in_eval_stops_it_with_one_line_and_143_and_writes_no_results(tiny_run, synth, tmp_path):
+    from data.lmdb_writer import write_lmdb
+    from tests.conftest import read_lmdb
+
+    samples = read_lmdb(synth / "val")
+    big = tmp_path / "big"
+    write_lmdb(big, (samples[index % len(samples)] for index in range(20_000)))
+    results = tmp_path / "results.json"
+    process = start(["scripts/eval.py", str(tiny_run / "best.pt"), str(big), "--json", str(results),
+                     "--precision", "fp32", "--workers", "1", "--batch-size", "8", "--index-cache", "off"])
+    while not has_children(process.pid):  # its data-loader worker: the evaluation has started
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    stopped_with_one_line(process, signal.SIGTERM)
+    assert not results.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_create_lmdb_while_it_writes_exits_143_with_one_line(synth, tmp_path):
+    image = write_images(synth, tmp_path / "one", 1)[0]
+    images = tmp_path / "images"
+    images.mkdir()
+    lines = []
+    for index in range(20_000):  # each one decoded and checked: seconds of writing
+        os.link(image, images / f"{index:05d}.jpg")
+        lines.append(f"{index:05d}.jpg\tabc\n")
+    (tmp_path / "gt.txt").write_text("".join(lines))
+    out = tmp_path / "lmdb"
+    process = start(["scripts/create_lmdb.py", "--images", str(images), "--gt", str(tmp_path / "gt.txt"),
+                     "--out", str(out)])
+    while not any(path.name.startswith(f".{out.name}.") for path in tmp_path.iterdir()):  # the LMDB being written
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    stopped_with_one_line(process, signal.SIGTERM)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_traceback_per_worker(tmp_path):
+    out = tmp_path / "synth"
+    process = start(["scripts/make_synthetic.py", "--out", str(out), "--train", "20000", "--val", "0", "--test", "0",
+                     "--workers", "2"])
+    while not out.is_dir() or not any(path.name.startswith(".train.") for path in out.iterdir()):  # writing
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    stopped_with_one_line(process, signal.SIGINT)
