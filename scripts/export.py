@@ -85,6 +85,7 @@ from models import output_frames
 from training.checkpoint import load_model
 from training.peer_weights import easyocr_problems, write_easyocr_model
 from utils import cli
+from utils.atomic_write import write_bytes_atomically
 from utils.config import Config, load_config
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
@@ -158,6 +159,7 @@ def parse_args() -> argparse.Namespace:
                          " torch.export.load")
     if args.format not in SUFFIXES:
         parser.error(f"argument --format: invalid choice: {args.format!r} (choose from {', '.join(sorted(SUFFIXES))})")
+    check_out_suffix(args.format, args.out)
     if args.check_limit < 1:
         parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
     if args.tolerance < 0:
@@ -173,6 +175,24 @@ def parse_args() -> argparse.Namespace:
     if args.int8_check_limit < 1:
         parser.error(f"--int8-check-limit must be >= 1, got {args.int8_check_limit}")
     return args
+
+
+def check_out_suffix(export_format: str, out: Path | None) -> None:
+    """--out is named like what --format writes, so that no tool (nor person) takes the file for another
+    format's: an ONNX file ends in .onnx, a torch.export program in .pt2, the EasyOCR folder in neither."""
+    if out is None:
+        return
+    suffix = out.suffix.lower()
+    format_of_suffix = {wanted: name for name, wanted in SUFFIXES.items() if wanted.startswith(".")}
+    other = f", or --format {format_of_suffix[suffix]}" if suffix in format_of_suffix else ""
+    if export_format == "easyocr" and suffix in format_of_suffix:
+        raise ValueError(f"--format easyocr and --out {out} disagree: easyocr writes a folder, not a {suffix} file; "
+                         f"give a folder, e.g. --out {out.with_suffix('')}_easyocr"
+                         f"{other}")
+    if export_format != "easyocr" and suffix != SUFFIXES[export_format]:
+        raise ValueError(f"--format {export_format} and --out {out} disagree: the {export_format} file's name must end "
+                         f"in {SUFFIXES[export_format]}; give e.g. --out {out.with_suffix(SUFFIXES[export_format])}"
+                         f"{other}")
 
 
 def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
@@ -204,13 +224,17 @@ def export(model: nn.Module, example: Tensor, export_format: str, out: Path, ext
     with register_lstm_while_loop_decomposition():
         program = torch.export.export(model, (example,),
                                       dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=min_width)},))
+        serialized = io.BytesIO()
         if export_format == "onnx":
-            export_onnx(program, out, extra)
+            export_onnx(program, serialized, extra)
         else:
-            torch.export.save(program, out, extra_files={"crnn.json": extra["crnn"]})
+            torch.export.save(program, serialized, extra_files={"crnn.json": extra["crnn"]})
+    # Serialized in memory, then written whole: torch.export.save's own writer turns a failed write (a
+    # full disk) into "unexpected pos 64 vs 0", without a file name, and aborts the interpreter at exit.
+    write_bytes_atomically(out, serialized.getvalue())
 
 
-def export_onnx(program: ExportedProgram, out: Path, extra: dict[str, str]) -> None:
+def export_onnx(program: ExportedProgram, out: io.BytesIO, extra: dict[str, str]) -> None:
     import onnx  # optional: requirements-export.txt
 
     # The axis names only name the program's free axes in the file; verbose=False keeps torch.onnx's
@@ -226,10 +250,12 @@ def export_onnx(program: ExportedProgram, out: Path, extra: dict[str, str]) -> N
 
 def onnx_runner(path: Path) -> Runner | None:
     """onnxruntime on the CPU, or None when it is not installed."""
-    try:
-        import onnxruntime
-    except ImportError:
+    # Asked of the installation, not inferred from an ImportError: an onnxruntime that is installed but
+    # fails to import (or a Ctrl-C while it imports, which its C extension reraises as an ImportError)
+    # must not pass for "not installed".
+    if importlib.util.find_spec("onnxruntime") is None:
         return None
+    import onnxruntime
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # respect OMP_NUM_THREADS, like torch
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -6,6 +6,9 @@ Real processes where the entry point matters (a signal to a running command, eva
 """
 from __future__ import annotations
 
+import builtins
+import errno
+import importlib.util
 import os
 import signal
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from tests.conftest import REPO, run_env, write_images
 from training.checkpoint import save_checkpoint
@@ -227,3 +231,98 @@ def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_tra
         assert process.poll() is None, process.communicate()
         time.sleep(0.01)
     stopped_with_one_line(process, signal.SIGINT)
+
+
+# --- eval.sh's NPROC ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nproc", ["0", "abc", "-2", "1.5"])
+def test_eval_sh_names_an_nproc_that_is_not_a_count_of_processes(nproc):
+    result = subprocess.run(["bash", "scripts/eval.sh", "best.pt", "lmdb"], cwd=REPO,
+                            env={**run_env(), "NPROC": nproc}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == (f"error: NPROC={nproc}: give the number of processes, a whole number from 1 (e.g. "
+                             "NPROC=2), or leave it unset for one\n")
+
+
+# --- export.py -----------------------------------------------------------------------------------------------
+
+class Widths(nn.Module):
+    """A small convolution: what export() writes, in a moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.conv(images).mean(dim=2).transpose(1, 2)  # [B, W, 4]
+
+
+def test_a_failed_write_of_an_export_names_the_file_and_leaves_the_previous_one(tmp_path, monkeypatch):
+    from scripts.export import export
+
+    out = tmp_path / "model.pt2"
+    out.write_bytes(b"the previous export")
+
+    def full(descriptor: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as raised:
+        export(Widths(), torch.zeros(2, 1, 8, 16), "pt2", out, {"crnn": "{}"}, min_width=8)
+    assert cli.describe(raised.value) == (f"{out}: No space left on device; the disk is full: free space or write "
+                                          "elsewhere (files already in place were left intact)")
+    assert [path.name for path in tmp_path.iterdir()] == ["model.pt2"]
+    assert out.read_bytes() == b"the previous export"
+
+    monkeypatch.undo()
+    export(Widths(), torch.zeros(2, 1, 8, 16), "pt2", out, {"crnn": "{}"}, min_width=8)
+    program = torch.export.load(out)
+    assert program.module()(torch.zeros(3, 1, 8, 24)).shape == (3, 24, 4)  # batch and width left free
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--format", "onnx", "--out", "model.pt2"], "--format onnx and --out model.pt2 disagree: the onnx file's name "
+                                                 "must end in .onnx; give e.g. --out model.onnx, or --format pt2"),
+    (["--format", "pt2", "--out", "best.pt"], "--format pt2 and --out best.pt disagree: the pt2 file's name must end "
+                                              "in .pt2; give e.g. --out best.pt2"),
+    (["--format", "easyocr", "--out", "m.onnx"], "--format easyocr and --out m.onnx disagree: easyocr writes a folder, "
+                                                 "not a .onnx file; give a folder, e.g. --out m_easyocr, or --format "
+                                                 "onnx"),
+])
+def test_export_options_that_contradict_each_other_are_one_line_before_anything_runs(options, message, monkeypatch):
+    from scripts.export import parse_args
+
+    monkeypatch.setattr(sys, "argv", ["export.py", "best.pt", *options])
+    with pytest.raises(ValueError) as raised:
+        parse_args()
+    assert str(raised.value) == message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs onnxruntime")
+def test_an_onnxruntime_that_fails_to_import_is_not_called_not_installed(tmp_path, monkeypatch):
+    from scripts.export import onnx_runner
+
+    real_import = builtins.__import__
+
+    def interrupted(name: str, *args, **kwargs):
+        if name == "onnxruntime":
+            raise ImportError("initialization failed")  # a Ctrl-C while its C extension initialises
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(ImportError, match="initialization failed"):
+        onnx_runner(tmp_path / "model.onnx")
+
+
+# --- predict.py ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["mps", "cuda:7", "meta"])
+def test_a_device_this_machine_lacks_is_named_with_the_ones_it_has(name):
+    from scripts.predict import devices_here, resolve_device
+
+    if name in devices_here() or f"{name}:0" in devices_here():
+        pytest.skip(f"this machine has {name}")
+    with pytest.raises(ValueError) as raised:
+        resolve_device(name)
+    assert str(raised.value) == (f"--device {name}: not available on this machine; the devices here are "
+                                 f"{', '.join(devices_here())} (or --device auto)")
