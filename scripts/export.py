@@ -123,6 +123,14 @@ SPEED_ROUNDS = 15
 SPEED_SECONDS = 0.2  # each model's share of a round, set from its warm-up run
 
 
+def finite_float(text: str) -> float:
+    """A number a difference is compared with: nan would make every comparison false, so every check pass."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
@@ -131,11 +139,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="output file, or folder for easyocr (default: the checkpoint's name "
                                                  "with .onnx / .pt2 / _easyocr)")
     parser.add_argument("--name", help="easyocr: the model's name, recog_network=NAME (default: the checkpoint's)")
-    parser.add_argument("--lang", nargs="+", default=["en"], help="easyocr: its lang_list (default: en)")
+    parser.add_argument("--lang", nargs="+", help="easyocr: its lang_list (default: en)")
     parser.add_argument("--check", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
                         help="images to compare on (default: rendered by scripts/make_synthetic.py)")
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
-    parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
+    parser.add_argument("--tolerance", type=finite_float, default=1e-3,
+                        help="max abs logit difference allowed (default 1e-3)")
     parser.add_argument("--config", help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--int8", choices=INT8_MODES,
                         help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the"
@@ -143,7 +152,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--calibrate", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
                         help=f"--int8 static: images like those the model will read (at most {CALIBRATION_IMAGES}),"
                              " to set the activations' int8 ranges; keep them apart from --check")
-    parser.add_argument("--max-accuracy-drop", type=float, default=1.0, metavar="POINTS",
+    parser.add_argument("--max-accuracy-drop", type=finite_float, default=1.0, metavar="POINTS",
                         help="--int8: refuse the int8 model when its word accuracy on --check's labelled images is"
                              " lower than the float model's by more than this (default 1.0 percentage point)")
     parser.add_argument("--int8-check-limit", type=int, default=1000,
@@ -164,6 +173,9 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
     if args.tolerance < 0:
         parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.format != "easyocr" and (args.name or args.lang):
+        raise ValueError(f"--{'name' if args.name else 'lang'} is for --format easyocr; --format {args.format} has no"
+                         " name or language list")
     if (args.int8 or args.speed) and args.format != "onnx":
         parser.error(f"--{'int8' if args.int8 else 'speed'} needs --format onnx: int8 models and the timing run under"
                      " onnxruntime")
@@ -623,8 +635,8 @@ def main() -> int:
         int8_images = labelled_images(args.check, codec.alphabet, args.int8_check_limit)
         calibration = encoded_images(args.calibrate, CALIBRATION_IMAGES) if args.calibrate else []
     if args.format == "easyocr":
-        return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem, args.lang,
-                              images, origin)
+        return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem,
+                              args.lang or ["en"], images, origin)
     if args.format == "onnx":
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:

@@ -107,7 +107,7 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
     decode: Decoder = build_decoder(decoder, codec, lexicon, beam_size)
     # The choice is named on stderr: stdout holds only the readings.
     precision = choose_precision(precision, device, model, inference_shape(preprocessing, batch_size), False,
-                                 log=lambda line: print(line, file=sys.stderr))
+                                 log=lambda line: print(line, file=sys.stderr), option="--precision")
     transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     long_crops = LongCropTransform(transform)
     inputs = long_crops if split else transform

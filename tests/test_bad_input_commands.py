@@ -6,9 +6,11 @@ Real processes where the entry point matters (a signal to a running command, eva
 """
 from __future__ import annotations
 
+import argparse
 import builtins
 import errno
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from torch import nn
 from tests.conftest import REPO, run_env, write_images
 from training.checkpoint import save_checkpoint
 from utils import cli
+from utils.atomic_write import write_text_atomically
 from utils.preemption import FORWARDED_BY_LAUNCHER, StopSignal
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
@@ -288,6 +291,9 @@ def test_a_failed_write_of_an_export_names_the_file_and_leaves_the_previous_one(
     (["--format", "easyocr", "--out", "m.onnx"], "--format easyocr and --out m.onnx disagree: easyocr writes a folder, "
                                                  "not a .onnx file; give a folder, e.g. --out m_easyocr, or --format "
                                                  "onnx"),
+    (["--format", "onnx", "--name", "mine"], "--name is for --format easyocr; --format onnx has no name or language "
+                                             "list"),
+    (["--format", "pt2", "--lang", "de"], "--lang is for --format easyocr; --format pt2 has no name or language list"),
 ])
 def test_export_options_that_contradict_each_other_are_one_line_before_anything_runs(options, message, monkeypatch):
     from scripts.export import parse_args
@@ -296,6 +302,17 @@ def test_export_options_that_contradict_each_other_are_one_line_before_anything_
     with pytest.raises(ValueError) as raised:
         parse_args()
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("option", ["--tolerance", "--max-accuracy-drop"])
+def test_a_nan_threshold_that_would_pass_every_check_is_refused(option, monkeypatch, capsys):
+    from scripts.export import parse_args
+
+    monkeypatch.setattr(sys, "argv", ["export.py", "best.pt", "--format", "onnx", option, "nan"])
+    with pytest.raises(SystemExit):
+        parse_args()
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error == f"export.py: error: argument {option}: nan is not a finite number"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs onnxruntime")
@@ -326,3 +343,89 @@ def test_a_device_this_machine_lacks_is_named_with_the_ones_it_has(name):
         resolve_device(name)
     assert str(raised.value) == (f"--device {name}: not available on this machine; the devices here are "
                                  f"{', '.join(devices_here())} (or --device auto)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs where CUDA is")
+def test_fp16_on_the_cpu_is_named_as_the_option_given(tiny_run, tmp_path):
+    from scripts.predict import predict
+
+    with pytest.raises(ValueError, match=r"^--precision=fp16 needs a CUDA device; use bf16 or fp32 on the CPU$"):
+        predict([], str(tiny_run / "best.pt"), torch.device("cpu"), 8, precision="fp16")
+
+
+def test_a_beam_of_zero_is_refused_by_name(tiny_run):
+    from scripts.predict import predict
+
+    with pytest.raises(ValueError, match=r"^--beam-size 0: must be at least 1$"):
+        predict([], str(tiny_run / "best.pt"), torch.device("cpu"), 8, decoder="beam", beam_size=0, precision="fp32")
+
+
+# --- eval.sh's outputs -------------------------------------------------------------------------------------
+
+def eval_args(monkeypatch, *argv: str) -> argparse.Namespace:
+    from scripts.eval import parse_args
+
+    monkeypatch.setattr(sys, "argv", ["eval.py", *argv])
+    return parse_args()
+
+
+@pytest.mark.parametrize("outputs, message", [
+    (["--json", "{tmp}"], "--json {tmp} is a folder; give a file name"),
+    (["--json", "{checkpoint}"], "--json {checkpoint} would overwrite the checkpoint; write it elsewhere"),
+    (["--dump", "{val}/data.mdb"], "--dump {val}/data.mdb would overwrite LMDB {val}; write it elsewhere"),
+    (["--json", "{tmp}/out.txt", "--dump", "{tmp}/out.txt"], "--dump and --json both name {tmp}/out.txt; give each its "
+                                                             "own file"),
+])
+def test_eval_outputs_that_would_overwrite_an_input_or_each_other_are_refused_before_evaluating(
+        outputs, message, tiny_run, synth, tmp_path, monkeypatch):
+    from scripts.eval import check_args
+
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes((tiny_run / "best.pt").read_bytes())
+    names = {"tmp": tmp_path, "checkpoint": checkpoint, "val": synth / "val"}
+    args = eval_args(monkeypatch, str(checkpoint), str(synth / "val"), *[part.format(**names) for part in outputs])
+    with pytest.raises(ValueError) as raised:
+        check_args(args)
+    assert str(raised.value) == message.format(**names)
+    assert checkpoint.read_bytes() == (tiny_run / "best.pt").read_bytes()
+
+
+def test_a_negative_worker_count_is_named_as_the_option(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        eval_args(monkeypatch, "best.pt", "lmdb", "--workers", "-1")
+    assert capsys.readouterr().err.splitlines()[-1] == ("eval.py: error: argument --workers: -1 is below 0 (0 reads in "
+                                                        "the main process)")
+
+
+def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    results = tmp_path / "results.json"
+    write_text_atomically(results, json.dumps({"accuracy": 0.5}))
+
+    def stopped(descriptor: int) -> None:
+        raise cli.Stopped(signal.SIGINT)  # a Ctrl-C while the file is written
+
+    monkeypatch.setattr(os, "fsync", stopped)
+    with pytest.raises(cli.Stopped):
+        write_text_atomically(results, json.dumps({"accuracy": 0.9}))
+    assert json.loads(results.read_text()) == {"accuracy": 0.5}
+    assert [path.name for path in tmp_path.iterdir()] == ["results.json"]
+
+
+# --- import_weights.py ---------------------------------------------------------------------------------------
+
+def test_import_weights_never_replaces_a_trained_checkpoint_or_names_a_temporary_file(tiny_run, tmp_path):
+    from scripts.import_weights import check_out
+
+    source = tmp_path / "crnn.pth"
+    trained = tmp_path / "best.pt"
+    trained.write_bytes((tiny_run / "best.pt").read_bytes())
+    with pytest.raises(ValueError, match=r"^--out .*best.pt exists and is not a checkpoint this script wrote \(a "
+                                         r"trained checkpoint would be lost\); remove it or give another --out$"):
+        check_out(trained, source)
+    with pytest.raises(ValueError) as raised:
+        check_out(tmp_path, source)
+    assert str(raised.value) == f"--out {tmp_path} is a folder; give a file, e.g. --out {tmp_path / 'crnn.pt'}"
+    earlier = tmp_path / "imported.pt"
+    save_checkpoint(earlier, {"model": {"w": torch.ones(1)}, "imported_from": {"format": "dtrb", "file": "x.pth"}})
+    check_out(earlier, source)  # an earlier import is replaced, as the same command run again does
+    check_out(tmp_path / "new.pt", source)
