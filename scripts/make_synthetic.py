@@ -56,11 +56,6 @@ def use_plan(plan: RenderPlan) -> None:
     _plan = plan
 
 
-def start_worker(plan: RenderPlan) -> None:
-    use_plan(plan)
-    cli.leave_stops_to_the_main_process()
-
-
 def render(task: tuple[int, str, int]) -> tuple[bytes, str, bytes]:
     seed, split, index = task
     sample = render_sample(_plan, seed, split, index)
@@ -179,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     if words_file is not None and not plan.text.words:
         sys.exit(f"error: --words: no word of {words_file} can be drawn with this alphabet and these fonts")
     # The pool forks after the plan is computed: the workers inherit it.
-    with Pool(args.workers, initializer=start_worker, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
+    with Pool(args.workers, initializer=use_plan, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
         use_plan(plan)
         for split in SPLITS:
             if counts[split]:

@@ -55,9 +55,13 @@ class StopHandlers:
 
     def __init__(self) -> None:
         self.received = 0
+        self.main_process = os.getpid()
         self.previous = {signum: signal.signal(signum, self.handle) for signum in STOP_SIGNALS}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.main_process:
+            leave_stop_to_the_main_process(signum)
+            return
         if self.received and signum == signal.SIGTERM:
             return
         self.received = self.received or signum
@@ -68,13 +72,13 @@ class StopHandlers:
             signal.signal(signum, handler)
 
 
-def leave_stops_to_the_main_process() -> None:
-    """For a command's worker processes (a multiprocessing Pool's initializer). Ctrl-C reaches every
-    process of the terminal's foreground group, and each worker would print a traceback of its own:
-    they ignore it and the main process, stopping, ends them. SIGTERM keeps its default action, which
-    is how Pool.terminate() ends them, quietly."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def leave_stop_to_the_main_process(signum: int) -> None:
+    """In a worker forked from the command (a rendering pool's, a data loader's before its worker_init_fn
+    runs), which inherited the handler: a traceback from each would bury the command's one line. Ctrl-C
+    reaches every process of the terminal's foreground group, and the main process, stopping, ends its
+    workers: ignored. SIGTERM is how multiprocessing's Pool.terminate() ends them: exit quietly."""
+    if signum == signal.SIGTERM:
+        os._exit(128 + signum)
 
 
 def describe(error: BaseException) -> str:
@@ -115,4 +119,12 @@ def run(main: Callable[[], int | None], expected: tuple[type[BaseException], ...
 
 def exit_stopped(stopped: Stopped) -> None:
     print(stopped, file=sys.stderr)
+    if os.environ.get("CRNN_TRACEBACK") != "1":
+        # What follows is teardown that the stop cut into: an object half built when the signal came, a
+        # data loader whose workers the signal ended (torch's __del__ then reports both). Expected now.
+        sys.unraisablehook = ignore_teardown_error
     sys.exit(stopped.exit_code)
+
+
+def ignore_teardown_error(unraisable: object) -> None:
+    pass
