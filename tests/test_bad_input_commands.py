@@ -206,17 +206,34 @@ def stopped_with_one_line(process: subprocess.Popen, signum: int) -> None:
     assert stderr.count(message) == 1 and any(line.endswith(message) for line in stderr.splitlines()), stderr
 
 
-@pytest.mark.slow
-def test_ctrl_c_in_predict_stops_it_with_one_line_and_130(tiny_run, synth, tmp_path):
+@pytest.fixture
+def many_images(synth, tmp_path) -> Path:
+    """A folder of 3,000 images (links to one): read one at a time, predict.py is still reading seconds later."""
     image = write_images(synth, tmp_path / "one", 1)[0]
     folder = tmp_path / "many"
     folder.mkdir()
-    for index in range(3000):  # read one at a time: the run is still going when the signal comes
+    for index in range(3000):
         os.link(image, folder / f"{index:05d}.jpg")
-    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(folder), "--batch-size", "1",
+    return folder
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_predict_stops_it_with_one_line_and_130(tiny_run, many_images):
+    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1",
                      "--precision", "fp32"])
     process.stdout.readline()  # the first reading: the model is loaded and reading
     stopped_with_one_line(process, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_predict_piped_into_a_reader_that_stops_early_ends_quietly_as_head_expects(tiny_run, many_images):
+    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1",
+                     "--precision", "fp32"])
+    assert process.stdout.readline().startswith(str(many_images))  # `| head -1`: one line, then the pipe closes
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=120) == 128 + signal.SIGPIPE  # what `yes | head -1` gives: not an error
+    assert stderr == "", stderr  # was `error: [Errno 32] Broken pipe`
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -105,6 +106,8 @@ def run(main: Callable[[], int | None], expected: tuple[type[BaseException], ...
         # an ImportError, a library wraps it. Whatever was raised after it, the signal is the cause.
         if stops.received:
             exit_stopped(Stopped(stops.received))
+        if isinstance(error, BrokenPipeError) and stdout_reader_gone():
+            exit_reader_gone()
         if not isinstance(error, (ValueError, OSError, lmdb.Error, *expected)):  # ConfigError is a ValueError
             raise
         if os.environ.get("CRNN_TRACEBACK") == "1":
@@ -115,6 +118,22 @@ def run(main: Callable[[], int | None], expected: tuple[type[BaseException], ...
     if stops.received:  # swallowed on the way (an `except BaseException` that went on): still a stop
         exit_stopped(Stopped(stops.received))
     sys.exit(code or 0)
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (`predict.py ... | head`)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):  # no stdout, or not a file descriptor
+        return False
+
+
+def exit_reader_gone() -> None:
+    """End quietly, as a command killed by SIGPIPE does (`yes | head`): the reader has what it wanted."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def exit_stopped(stopped: Stopped) -> None:
