@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +73,6 @@ def main() -> None:
             train(config, env, stop)
         finally:
             cleanup_distributed()
-    except StopRequested as stopped:
-        print(stopped, file=sys.stderr)
-        sys.exit(stopped.exit_code)
     finally:
         stop.restore()
 

@@ -46,6 +46,7 @@ from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
+from utils.atomic_write import write_bytes_atomically, write_text_atomically
 from utils.config import ConfigFileOption, load_config
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 
@@ -74,12 +75,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0 (0 reads in the main process)")
+    return value
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--config", action=ConfigFileOption,
+                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
                         help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
                              " correct column and --errors (default benchmark, the field's protocol)")
@@ -96,7 +105,7 @@ def parse_args() -> argparse.Namespace:
                         help="labels with characters the model cannot emit: remove those characters and score the "
                              "rest (the benchmarks' protocol, default), or leave the sample out")
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")
-    parser.add_argument("--workers", type=int, default=2, help="data-loader workers per process")
+    parser.add_argument("--workers", type=non_negative_int, default=2, help="data-loader workers per process")
     parser.add_argument("--index-cache", default="auto", metavar="DIR|auto|off",
                         help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
@@ -113,13 +122,31 @@ def check_args(args: argparse.Namespace) -> None:
     for root in args.lmdbs:
         if real.count(os.path.realpath(root)) > 1:
             raise ValueError(f"LMDB {root} is listed twice")
-    for option, path in (("--dump", args.dump), ("--errors", args.errors)):
-        if path is not None and path.is_dir():
-            raise ValueError(f"{option} {path} is a folder; give a file name")
-        if path is not None and not path.parent.is_dir():
-            raise FileNotFoundError(f"{option} {path}: folder {path.parent} does not exist")
+    check_outputs(args)
     if args.errors is not None and args.errors.suffix.lower() != ".png":
         raise ValueError(f"--errors {args.errors}: the grid is written as a PNG image; give a path ending in .png")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The files written after the evaluation can be written, and replace none of its inputs nor each other:
+    found out now, not after minutes of evaluating."""
+    named = (("--json", args.json), ("--dump", args.dump), ("--errors", args.errors))
+    outputs = {option: path for option, path in named if path is not None}
+    inputs = {os.path.realpath(args.checkpoint): "the checkpoint"}
+    inputs.update((os.path.realpath(root), f"LMDB {root}") for root in args.lmdbs)
+    written: dict[str, str] = {}
+    for option, path in outputs.items():
+        if path.is_dir():
+            raise ValueError(f"{option} {path} is a folder; give a file name")
+        if option != "--json" and not path.parent.is_dir():  # --json creates its folder
+            raise FileNotFoundError(f"{option} {path}: folder {path.parent} does not exist")
+        real = os.path.realpath(path)
+        for place in (real, os.path.dirname(real)):  # the checkpoint itself, or a file inside an LMDB folder
+            if place in inputs:
+                raise ValueError(f"{option} {path} would overwrite {inputs[place]}; write it elsewhere")
+        if real in written:
+            raise ValueError(f"{option} and {written[real]} both name {path}; give each its own file")
+        written[real] = option
 
 
 def set_names(roots: list[str]) -> list[str]:
@@ -226,15 +253,16 @@ def is_correct(prediction: str, label: str, mode: str, alphabet: str) -> bool | 
 
 def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str) -> None:
     """One TSV line per evaluated sample, in set and LMDB-index order; `correct` under `mode`."""
-    with path.open("w", encoding="utf-8", newline="") as file:
-        writer = csv.writer(file, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
-        writer.writerow(DUMP_COLUMNS)
-        for row, records in zip(sets, predictions):
-            for index, label, reading in records:
-                correct = is_correct(reading.text, label, mode, alphabet)
-                writer.writerow([row["name"], index, label, reading.text, f"{reading.confidence:.4f}",
-                                 "" if correct is None else int(correct),
-                                 " ".join(f"{prob:.4f}" for prob in reading.char_probs)])
+    table = io.StringIO()
+    writer = csv.writer(table, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
+    writer.writerow(DUMP_COLUMNS)
+    for row, records in zip(sets, predictions):
+        for index, label, reading in records:
+            correct = is_correct(reading.text, label, mode, alphabet)
+            writer.writerow([row["name"], index, label, reading.text, f"{reading.confidence:.4f}",
+                             "" if correct is None else int(correct),
+                             " ".join(f"{prob:.4f}" for prob in reading.char_probs)])
+    write_text_atomically(path, table.getvalue())
 
 
 def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str,
@@ -252,7 +280,9 @@ def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mo
         cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"),
                               (f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}", "dimgray")]))
     grid = caption_grid(cells, empty_note=f"no misreads under {mode}")
-    grid.save(path)
+    png = io.BytesIO()
+    grid.save(png, format="PNG")
+    write_bytes_atomically(path, png.getvalue())
     return len(misreads)
 
 
@@ -264,7 +294,7 @@ def main() -> None:
     try:
         model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
         precision = choose_precision(args.precision, env.device, model, inference_shape(preprocessing, args.batch_size),
-                                     False, log=print, is_main=env.is_main, group=env.cpu_group)
+                                     False, log=print, is_main=env.is_main, group=env.cpu_group, option="--precision")
         transform = build_transform(config, preprocessing)
         long_crops = LongCropTransform(transform) if args.split_long else None
         reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
@@ -330,8 +360,7 @@ def main() -> None:
                 shown = draw_errors(args.errors, sets, merged, args.metric_mode, codec.alphabet, args.errors_count)
                 print(f"{shown} most confident misreads ({args.metric_mode}): {args.errors}")
             if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+                write_text_atomically(args.json, json.dumps(results, indent=2) + "\n")
     finally:
         cleanup_distributed()
 

@@ -7,6 +7,11 @@
 # PYTHON picks the interpreter (default: python3 on PATH, e.g. the activated .venv).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if ! [[ "${NPROC:-1}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: NPROC=${NPROC}: give the number of processes, a whole number from 1 (e.g. NPROC=2), or leave it" \
+         "unset for one" >&2
+    exit 1
+fi
 # One process runs without torchrun, so an error is its one line, not under torchrun's traceback.
 if [ "${NPROC:-1}" = 1 ]; then
     exec "${PYTHON:-python3}" "$here/eval.py" "$@"

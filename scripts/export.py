@@ -85,6 +85,7 @@ from models import output_frames
 from training.checkpoint import load_model
 from training.peer_weights import easyocr_problems, write_easyocr_model
 from utils import cli
+from utils.atomic_write import write_bytes_atomically
 from utils.config import Config, ConfigFileOption, load_config
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
@@ -122,6 +123,14 @@ SPEED_ROUNDS = 15
 SPEED_SECONDS = 0.2  # each model's share of a round, set from its warm-up run
 
 
+def finite_float(text: str) -> float:
+    """A number a difference is compared with: nan would make every comparison false, so every check pass."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
@@ -130,19 +139,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="output file, or folder for easyocr (default: the checkpoint's name "
                                                  "with .onnx / .pt2 / _easyocr)")
     parser.add_argument("--name", help="easyocr: the model's name, recog_network=NAME (default: the checkpoint's)")
-    parser.add_argument("--lang", nargs="+", default=["en"], help="easyocr: its lang_list (default: en)")
+    parser.add_argument("--lang", nargs="+", help="easyocr: its lang_list (default: en)")
     parser.add_argument("--check", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
                         help="images to compare on (default: rendered by scripts/make_synthetic.py)")
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
-    parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs logit difference allowed (default 1e-3)")
-    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--tolerance", type=finite_float, default=1e-3,
+                        help="max abs logit difference allowed (default 1e-3)")
+    parser.add_argument("--config", action=ConfigFileOption,
+                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--int8", choices=INT8_MODES,
                         help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the"
                              " accuracy gate")
     parser.add_argument("--calibrate", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
                         help=f"--int8 static: images like those the model will read (at most {CALIBRATION_IMAGES}),"
                              " to set the activations' int8 ranges; keep them apart from --check")
-    parser.add_argument("--max-accuracy-drop", type=float, default=1.0, metavar="POINTS",
+    parser.add_argument("--max-accuracy-drop", type=finite_float, default=1.0, metavar="POINTS",
                         help="--int8: refuse the int8 model when its word accuracy on --check's labelled images is"
                              " lower than the float model's by more than this (default 1.0 percentage point)")
     parser.add_argument("--int8-check-limit", type=int, default=1000,
@@ -158,10 +169,14 @@ def parse_args() -> argparse.Namespace:
                          " torch.export.load")
     if args.format not in SUFFIXES:
         parser.error(f"argument --format: invalid choice: {args.format!r} (choose from {', '.join(sorted(SUFFIXES))})")
+    check_out_suffix(args.format, args.out)
     if args.check_limit < 1:
         parser.error(f"--check-limit must be >= 1, got {args.check_limit}")
     if args.tolerance < 0:
         parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.format != "easyocr" and (args.name or args.lang):
+        raise ValueError(f"--{'name' if args.name else 'lang'} is for --format easyocr; --format {args.format} has no"
+                         " name or language list")
     if (args.int8 or args.speed) and args.format != "onnx":
         parser.error(f"--{'int8' if args.int8 else 'speed'} needs --format onnx: int8 models and the timing run under"
                      " onnxruntime")
@@ -173,6 +188,24 @@ def parse_args() -> argparse.Namespace:
     if args.int8_check_limit < 1:
         parser.error(f"--int8-check-limit must be >= 1, got {args.int8_check_limit}")
     return args
+
+
+def check_out_suffix(export_format: str, out: Path | None) -> None:
+    """--out is named like what --format writes, so that no tool (nor person) takes the file for another
+    format's: an ONNX file ends in .onnx, a torch.export program in .pt2, the EasyOCR folder in neither."""
+    if out is None:
+        return
+    suffix = out.suffix.lower()
+    format_of_suffix = {wanted: name for name, wanted in SUFFIXES.items() if wanted.startswith(".")}
+    other = f", or --format {format_of_suffix[suffix]}" if suffix in format_of_suffix else ""
+    if export_format == "easyocr" and suffix in format_of_suffix:
+        raise ValueError(f"--format easyocr and --out {out} disagree: easyocr writes a folder, not a {suffix} file; "
+                         f"give a folder, e.g. --out {out.with_suffix('')}_easyocr"
+                         f"{other}")
+    if export_format != "easyocr" and suffix != SUFFIXES[export_format]:
+        raise ValueError(f"--format {export_format} and --out {out} disagree: the {export_format} file's name must end "
+                         f"in {SUFFIXES[export_format]}; give e.g. --out {out.with_suffix(SUFFIXES[export_format])}"
+                         f"{other}")
 
 
 def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
@@ -204,13 +237,17 @@ def export(model: nn.Module, example: Tensor, export_format: str, out: Path, ext
     with register_lstm_while_loop_decomposition():
         program = torch.export.export(model, (example,),
                                       dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=min_width)},))
+        serialized = io.BytesIO()
         if export_format == "onnx":
-            export_onnx(program, out, extra)
+            export_onnx(program, serialized, extra)
         else:
-            torch.export.save(program, out, extra_files={"crnn.json": extra["crnn"]})
+            torch.export.save(program, serialized, extra_files={"crnn.json": extra["crnn"]})
+    # Serialized in memory, then written whole: torch.export.save's own writer turns a failed write (a
+    # full disk) into "unexpected pos 64 vs 0", without a file name, and aborts the interpreter at exit.
+    write_bytes_atomically(out, serialized.getvalue())
 
 
-def export_onnx(program: ExportedProgram, out: Path, extra: dict[str, str]) -> None:
+def export_onnx(program: ExportedProgram, out: io.BytesIO, extra: dict[str, str]) -> None:
     import onnx  # optional: requirements-export.txt
 
     # The axis names only name the program's free axes in the file; verbose=False keeps torch.onnx's
@@ -226,10 +263,12 @@ def export_onnx(program: ExportedProgram, out: Path, extra: dict[str, str]) -> N
 
 def onnx_runner(path: Path) -> Runner | None:
     """onnxruntime on the CPU, or None when it is not installed."""
-    try:
-        import onnxruntime
-    except ImportError:
+    # Asked of the installation, not inferred from an ImportError: an onnxruntime that is installed but
+    # fails to import (or a Ctrl-C while it imports, which its C extension reraises as an ImportError)
+    # must not pass for "not installed".
+    if importlib.util.find_spec("onnxruntime") is None:
         return None
+    import onnxruntime
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # respect OMP_NUM_THREADS, like torch
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -597,8 +636,8 @@ def main() -> int:
         int8_images = labelled_images(args.check, codec.alphabet, args.int8_check_limit)
         calibration = encoded_images(args.calibrate, CALIBRATION_IMAGES) if args.calibrate else []
     if args.format == "easyocr":
-        return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem, args.lang,
-                              images, origin)
+        return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem,
+                              args.lang or ["en"], images, origin)
     if args.format == "onnx":
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:

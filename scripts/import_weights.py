@@ -43,10 +43,27 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def check_out(out: Path, source: Path) -> None:
+    """--out may replace an earlier import, never the source, a folder or another file (a trained best.pt)."""
+    if out.resolve() == source.resolve():
+        raise ValueError(f"--out {out} is the source itself")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give a file, e.g. --out {out / source.with_suffix('.pt').name}")
+    if out.exists() and not is_import(out):
+        raise ValueError(f"--out {out} exists and is not a checkpoint this script wrote (a trained checkpoint would be"
+                         " lost); remove it or give another --out")
+
+
+def is_import(path: Path) -> bool:
+    try:
+        return "imported_from" in load_checkpoint(path)
+    except (OSError, ValueError):  # not a checkpoint at all
+        return False
+
+
 def main() -> int:
     args = parse_args()
-    if args.out.resolve() == args.source.resolve():
-        raise ValueError(f"--out {args.out} is the source itself")
+    check_out(args.out, args.source)
     checkpoint = load_checkpoint(args.source)  # weights only; `module.` and `_orig_mod.` stripped
     if "config" in checkpoint:
         raise ValueError(f"{args.source} is already a checkpoint of this project; use it as it is")

@@ -43,7 +43,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda:N")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA if available), cpu, cuda:N, or another accelerator this machine has (mps)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
@@ -60,18 +61,28 @@ def parse_args() -> argparse.Namespace:
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` is the first GPU when CUDA is available, else the CPU; a GPU that is not there is an error."""
+    """`auto` is the first GPU when CUDA is available, else the CPU; a device that is not here is an error
+    naming the ones that are (before the checkpoint is read: loading onto a missing device would fail
+    as if the checkpoint were broken)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name}: expected auto, cpu or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+        raise ValueError(f"--device {name}: expected auto, cpu or a device here ({', '.join(devices_here())})"
+                         ) from None
+    if device.type != "cpu" and f"{device.type}:{device.index or 0}" not in devices_here():
+        raise ValueError(f"--device {name}: not available on this machine; the devices here are "
+                         f"{', '.join(devices_here())} (or --device auto)")
     return device
+
+
+def devices_here() -> list[str]:
+    """The devices this machine can run on: the CPU and each device of its accelerator (CUDA, MPS, ...)."""
+    if not torch.accelerator.is_available():
+        return ["cpu"]
+    kind = torch.accelerator.current_accelerator().type
+    return ["cpu", *(f"{kind}:{index}" for index in range(torch.accelerator.device_count()))]
 
 
 def read_image(path: str, transform: ImageTransform | LongCropTransform) -> Tensor | None:
@@ -96,7 +107,7 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
     decode: Decoder = build_decoder(decoder, codec, lexicon, beam_size)
     # The choice is named on stderr: stdout holds only the readings.
     precision = choose_precision(precision, device, model, inference_shape(preprocessing, batch_size), False,
-                                 log=lambda line: print(line, file=sys.stderr))
+                                 log=lambda line: print(line, file=sys.stderr), option="--precision")
     transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     long_crops = LongCropTransform(transform)
     inputs = long_crops if split else transform

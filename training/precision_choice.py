@@ -25,13 +25,14 @@ def model_signature(model: nn.Module) -> str:
 def choose_precision(setting: str, device: torch.device, model: nn.Module, input_shape: tuple[int, int, int, int],
                      training: bool, memory_format: torch.memory_format = torch.contiguous_format,
                      log: Callable[[str], None] = print, is_main: bool = True,
-                     group: torch.distributed.ProcessGroup | None = None) -> str:
+                     group: torch.distributed.ProcessGroup | None = None, option: str = "train.precision") -> str:
     """`setting` as a precision; for `auto`, the faster of the candidates for `model` on inputs of
     `input_shape` ([B, C, H, W], one process's batch): a training step (forward, fp32 CTC loss,
     backward) when `training`, a forward pass under inference_mode otherwise. Every rank times its
-    own copy at once, as they will run; rank 0's choice is every rank's (`group`: a gloo group)."""
+    own copy at once, as they will run; rank 0's choice is every rank's (`group`: a gloo group).
+    `option` is what the user set it with (eval.sh and predict.py: --precision), for the error."""
     if setting != "auto":
-        return resolve_precision(setting, device)
+        return resolve_precision(setting, device, option=option)
     time_step = (training_step_timer if training else forward_timer)(model, input_shape, device, memory_format)
     shape = (f"{'train' if training else 'infer'} {model_signature(model)} | {'x'.join(map(str, input_shape))}"
              f" | {'channels_last' if memory_format == torch.channels_last else 'contiguous'}")

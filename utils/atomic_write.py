@@ -1,6 +1,7 @@
-"""Files replaced whole: written beside their place, then renamed over it, so a crash never leaves
-half a file where a good one was. One writer for every such file (checkpoints, config.yaml, logs), so
-the temporary names, the permissions and the leftovers of a killed process are handled in one place."""
+"""Files replaced whole: written beside their place, then renamed over it, so a crash, a full disk or a
+stop signal never leaves half a file where a good one was. One writer for every such file (checkpoints,
+config.yaml, logs, exports), so the temporary names, the permissions and the leftovers of a killed
+process are handled in one place."""
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> Non
     """Call `write(file)` on a temporary file in `path`'s folder, then rename it over `path`.
 
     The rename is atomic, so `path` always holds either the previous complete file or the new one,
-    whatever happens during the write. The file gets the permissions the umask gives a new file (0644
+    whatever happens during the write; a failure to write is an OSError naming `path`. The file gets the permissions the umask gives a new file (0644
     under umask 022), as `open()` would, not mkstemp's 0600: a colleague may read the model.
     """
     path = Path(path)
@@ -45,13 +46,19 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> Non
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError):  # named by `path`: the temporary file's name means nothing to the user
+            raise OSError(error.errno, error.strerror, str(path)) from error
         raise
 
 
+def write_bytes_atomically(path: str | Path, data: bytes) -> None:
+    write_atomically(path, lambda file: file.write(data))
+
+
 def write_text_atomically(path: str | Path, text: str) -> None:
-    write_atomically(path, lambda file: file.write(text.encode("utf-8")))
+    write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def remove_leftovers(folder: str | Path) -> list[Path]:

@@ -58,12 +58,13 @@ def candidate_precisions(device: torch.device) -> tuple[str, ...]:
 
 
 def resolve_precision(precision: str, device: torch.device, time_step: Callable[[str], float] | None = None,
-                      shape: str = "", log: Callable[[str], None] = print) -> str:
+                      shape: str = "", log: Callable[[str], None] = print, option: str = "train.precision") -> str:
     """The precision to run in. `auto` with one candidate is that one; with several, the fastest by
     `time_step(precision) -> seconds` (one step of the work to be done; called a few times each,
-    interleaved), cached under `shape` (what the step is: model, batch, input size)."""
+    interleaved), cached under `shape` (what the step is: model, batch, input size). `option` is
+    what the user set it with, for the error."""
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("train.precision=fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+        raise ValueError(f"{option}=fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
     if precision != "auto":
         return precision
     candidates = candidate_precisions(device)

@@ -13,25 +13,30 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import signal
 import sys
 
 import torch
 import torch.distributed as dist
 
+from utils.cli import Stopped
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Set by torchrun's agent in its workers' environment.
+FORWARDED_BY_LAUNCHER = "TORCHELASTIC_RUN_ID"
 
 
-class StopRequested(Exception):
-    """Raised after the checkpoint is written; `exit_code` is the shell's 128 + signal number."""
+class StopRequested(Stopped):
+    """Raised after the checkpoint is written (or before training started, with nothing to save);
+    utils/cli.run reports it and exits with the shell's 128 + signal number."""
 
     def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum
+        self.step, self.checkpoint = step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} at step {step}; checkpoint {checkpoint}; run the same command again "
-                         f"to resume from it" if checkpoint else
-                         f"stopped by {name} before training started; nothing was saved")
+        super().__init__(signum, f"stopped by {name} at step {step}; checkpoint {checkpoint}; run the same command "
+                                 f"again to resume from it" if checkpoint else
+                                 f"stopped by {name} before training started; nothing was saved")
 
 
 class StopSignal:
@@ -53,9 +58,11 @@ class StopSignal:
             raise StopRequested(signum)
         self.received = self.received or signum
         print(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary", file=sys.stderr)
-        if signum == signal.SIGINT:
-            # A second Ctrl-C is the user insisting: the default handler raises KeyboardInterrupt. A
-            # second SIGTERM is not: SLURM signals every process of a step, torchrun forwards it too.
+        if signum == signal.SIGINT and FORWARDED_BY_LAUNCHER not in os.environ:
+            # A second Ctrl-C is the user insisting: the handler before this one (utils/cli.py's) stops
+            # at once. A second SIGTERM is not: SLURM signals every process of a step, torchrun forwards
+            # it too. Nor is a second SIGINT under torchrun: Ctrl-C reaches torchrun and its workers
+            # alike, and torchrun forwards its own to them (its --shutdown-timeout, 30 s, then kills them).
             signal.signal(signum, self.previous[signum])
 
     def agreed(self) -> int:
