@@ -27,7 +27,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from PIL import Image
 from torch.utils.data import Dataset
 
 from data.label_index import DROP_REASONS, index_cache_dir
@@ -35,7 +34,7 @@ from data.lmdb_dataset import UNKNOWN_CHARACTERS, Batch, CollateBatch, LmdbDatas
 from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
-from data.transforms import build_transform
+from data.transforms import build_transform, decode_image
 from data.codec import Reading
 from evaluation.decoders import DECODERS, build_decoder
 from evaluation.evaluate import evaluate
@@ -276,7 +275,7 @@ def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mo
     cells = []
     for negative_confidence, position, index, label, prediction in misreads:
         with shared_lmdb(sets[position]["path"]).begin() as txn:
-            image = Image.open(io.BytesIO(txn.get(image_key(index)))).convert("RGB")
+            image = decode_image(bytes(txn.get(image_key(index))), "RGB")  # upright, as the model read it
         cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"),
                               (f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}", "dimgray")]))
     grid = caption_grid(cells, empty_note=f"no misreads under {mode}")

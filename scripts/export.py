@@ -68,7 +68,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from PIL import Image
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 from torch.export._patches import register_lstm_while_loop_decomposition
@@ -78,7 +77,7 @@ from data.image_files import encoded_images
 from data.lmdb_env import lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, label_key
 from data.synthetic.render import build_plan, render_sample
-from data.transforms import ImageTransform, Preprocessing
+from data.transforms import ImageTransform, Preprocessing, image_size
 from evaluation.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from evaluation.metrics import METRIC_MODES, compared_form
 from models import output_frames
@@ -311,8 +310,8 @@ def check_batches(images: list[tuple[str, bytes]], preprocessing: Preprocessing,
     alone = []
     for name, image_bytes in images:
         try:
-            with Image.open(io.BytesIO(image_bytes)) as image:
-                own_width = round(image.width * height / max(image.height, 1))
+            image_width, image_height = image_size(image_bytes)  # upright, as the transform reads it
+            own_width = round(image_width * height / max(image_height, 1))
             own_width = min(MAX_WIDTH, max(min_width, own_width))
             for batch_width, batch in batched.items():
                 batch.append(ImageTransform(replace(preprocessing, width=batch_width))(image_bytes))

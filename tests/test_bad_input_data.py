@@ -377,3 +377,13 @@ def test_an_lmdb_gets_the_permissions_the_umask_gives(tmp_path, umask, folder_mo
     assert (tmp_path / "shared").stat().st_mode & 0o777 == folder_mode
     assert {file.name: file.stat().st_mode & 0o777 for file in (tmp_path / "shared").iterdir()} == {
         "data.mdb": file_mode, "lock.mdb": file_mode}
+
+
+def test_export_checks_a_turned_photo_at_the_width_of_its_upright_size():
+    """export.py compares each check image alone at its own width: that of the image as the model reads
+    it (upright), not of the pixels as stored (a phone photo stored sideways)."""
+    from scripts.export import check_batches
+
+    sideways = with_orientation(6, "JPEG")  # stored 20 x 60, shown 60 x 20
+    [*_, (names, alone)] = check_batches([("phone", sideways)], Preprocessing(32, 100))
+    assert names == ["phone"] and alone.shape == (1, 1, 32, 96)  # 60 * 32 / 20, not 20 * 32 / 60

@@ -129,6 +129,19 @@ def test_not_a_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
+@pytest.mark.parametrize("content, what", [(b"", "an empty file"), (b"\x00" * 4096, "neither a zip archive nor a pickle"),
+                                           (b"\x1bMDB" + b"\x00" * 4092, "neither a zip archive nor a pickle")])
+def test_another_kind_of_file_is_named_as_such_not_as_an_unsafe_pickle(tmp_path, content, what):
+    """A data.mdb or an image given as a checkpoint: the unpickler would call it unsafe, or fail on some
+    opcode; the file's first bytes already say it is no checkpoint."""
+    path = tmp_path / "data.mdb"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        load_checkpoint(path)
+    assert str(error.value) == (f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or "
+                                f"torch.save")
+
+
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint(path, {"model": {"w": torch.ones(2)}, "step": 1})

@@ -165,6 +165,13 @@ def check_checkpoint_path(path: str | Path) -> Path:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint (or a bare state dict, returned as `{"model": ...}`) with prefixes stripped."""
     path = check_checkpoint_path(path)
+    with path.open("rb") as file:
+        header = file.read(4)
+    # torch.save writes a zip archive (or, before PyTorch 1.6, a bare pickle): anything else would reach the
+    # unpickler and be called unsafe, or worse, when it is only another kind of file (a data.mdb, an image).
+    if not header.startswith((b"PK\x03\x04", b"\x80")):
+        what = "an empty file" if not header else "neither a zip archive nor a pickle"
+        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or torch.save")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
