@@ -17,6 +17,7 @@ from pathlib import Path
 import lmdb
 
 from data.lmdb_keys import NUM_SAMPLES, image_key, label_key, meta_key
+from utils.atomic_write import make_folder, remove_empty_folders
 
 # data.mdb and lock.mdb: 0666, as for any file, so the umask decides (py-lmdb's default, 0755 less the
 # execute bits it drops, gives 0644 even where the umask lets the group write).
@@ -62,7 +63,7 @@ def staged_lmdb(path: Path) -> Iterator[Path]:
     `path`, replacing what was there, when the block succeeds; removed when it fails, on any exception
     (KeyboardInterrupt included). A writer killed outright (SIGKILL, a power cut) cannot remove its
     folder: the next writer of `path` on this machine does, once that writer's process is gone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = make_folder(path.parent)
     remove_stale_staging(path)
     staging = new_staging_folder(path)
     try:
@@ -78,6 +79,7 @@ def staged_lmdb(path: Path) -> Iterator[Path]:
             staging.rename(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        remove_empty_folders(created)  # a tool stopped before its first LMDB leaves no empty --out behind
         raise
 
 

@@ -320,6 +320,9 @@ def test_the_staging_folder_is_removed_on_any_exception_keyboard_interrupt_inclu
         with pytest.raises(type(error)):
             write_lmdb(tmp_path / "out", interrupted(error))
         assert os.listdir(tmp_path) == []
+        with pytest.raises(type(error)):  # the folders made for it go too, while nothing else is in them
+            write_lmdb(tmp_path / "new" / "train", interrupted(error))
+        assert os.listdir(tmp_path) == []
 
 
 def staging_folders(out: Path) -> list[Path]:
@@ -342,8 +345,8 @@ def test_ctrl_c_while_make_synthetic_writes_leaves_no_staging_folder(tmp_path):
     process, staging = start_writer(tmp_path / "synth")
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=60)
-    assert process.returncode != 0
-    assert not staging.exists() and os.listdir(tmp_path / "synth") == []
+    assert process.returncode == 130
+    assert not staging.exists() and not (tmp_path / "synth").exists()  # --out was made for this run: gone too
 
 
 def test_a_staging_folder_of_a_killed_writer_is_removed_by_the_next_one_and_a_live_ones_kept(tmp_path):

@@ -22,7 +22,7 @@ from typing import IO, Any, Callable
 import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
-from utils.atomic_write import remove_leftovers, write_text_atomically
+from utils.atomic_write import make_folder, remove_empty_folders, remove_leftovers, write_text_atomically
 from utils.config import Config, ConfigError, config_changes, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
@@ -185,10 +185,8 @@ def lock_run_folder(out_dir: str | Path) -> tuple[RunFolderLock, list[Path]]:
     and a crashed run never blocks the next one. Holding it, this process removes the temporary files a
     killed run left. Returns the lock (give it to unlock_run_folder at the end) and what was removed.
     The folder is created for the lock; unlock_run_folder removes it again if the run wrote nothing."""
-    folder = Path(out_dir)
-    created = [parent for parent in (folder, *folder.parents) if not parent.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
+    created = make_folder(out_dir)
+    path = Path(out_dir) / LOCK_FILE
     while True:
         lock = path.open("a+", encoding="utf-8")
         try:
@@ -216,8 +214,4 @@ def unlock_run_folder(lock: RunFolderLock) -> None:
     nothing was written into are removed: a start that fails leaves no folder behind."""
     Path(lock.file.name).unlink(missing_ok=True)
     lock.file.close()
-    for folder in lock.created:
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: the run wrote into it
-            break
+    remove_empty_folders(lock.created)

@@ -69,3 +69,22 @@ def remove_leftovers(folder: str | Path) -> list[Path]:
     for path in leftovers:
         path.unlink(missing_ok=True)
     return leftovers
+
+
+def make_folder(folder: str | Path) -> list[Path]:
+    """Create `folder` and its missing parents; returns those it created, deepest first, for
+    remove_empty_folders to take back when the work that needed them wrote nothing."""
+    folder = Path(folder)
+    created = [parent for parent in (folder, *folder.parents) if not parent.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def remove_empty_folders(created: list[Path]) -> None:
+    """Remove the folders make_folder created, deepest first, up to the first that holds something."""
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something was written there
+            break
+
