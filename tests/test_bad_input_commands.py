@@ -287,6 +287,7 @@ def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_tra
 
 # --- eval.sh's NPROC ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", ["0", "abc", "-2", "1.5"])
 def test_eval_sh_names_an_nproc_that_is_not_a_count_of_processes(nproc):
     result = subprocess.run(["bash", "scripts/eval.sh", "best.pt", "lmdb"], cwd=REPO,

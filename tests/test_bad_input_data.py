@@ -111,6 +111,7 @@ def test_an_lmdb_without_samples_or_without_a_usable_one_is_an_error_naming_it(t
     assert f"no sample of {greek} is usable (why: above), so there is nothing to train or evaluate on" in str(error.value)
 
 
+@pytest.mark.slow
 def test_eval_on_an_lmdb_without_samples_is_one_line_not_an_accuracy(tiny_run, tmp_path):
     empty = raw_lmdb(tmp_path / "empty", {b"num-samples": b"0"})
     result = script("eval.py", tiny_run / "best.pt", empty)
@@ -262,6 +263,7 @@ def test_create_lmdb_given_a_gt_file_in_utf16_says_to_resave_it(tmp_path, capsys
 
 @pytest.mark.parametrize("alphabet, first", [("abcאבג", "'א', U+05D0 HEBREW LETTER ALEF"),
                                              ("0123ابت", "'ا', U+0627 ARABIC LETTER ALEF")])
+@pytest.mark.slow
 def test_make_synthetic_refuses_a_right_to_left_alphabet(tmp_path, alphabet, first):
     result = script("make_synthetic.py", "--out", tmp_path / "out", "--alphabet", alphabet, "--train", "4")
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -270,6 +272,7 @@ def test_make_synthetic_refuses_a_right_to_left_alphabet(tmp_path, alphabet, fir
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["nothing to write", "--out is a file", "a background that is no image"])
 def test_make_synthetic_refuses_options_that_cannot_work_before_rendering(tmp_path, case):
     (tmp_path / "a_file").write_text("notes")
@@ -341,6 +344,7 @@ def start_writer(out: Path) -> tuple[subprocess.Popen, Path]:
     return process, staging_folders(out / "train")[0]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_make_synthetic_writes_leaves_no_staging_folder(tmp_path):
     process, staging = start_writer(tmp_path / "synth")
     process.send_signal(signal.SIGINT)
@@ -349,6 +353,7 @@ def test_ctrl_c_while_make_synthetic_writes_leaves_no_staging_folder(tmp_path):
     assert not staging.exists() and not (tmp_path / "synth").exists()  # --out was made for this run: gone too
 
 
+@pytest.mark.slow
 def test_a_staging_folder_of_a_killed_writer_is_removed_by_the_next_one_and_a_live_ones_kept(tmp_path):
     out = tmp_path / "synth"
     process, killed = start_writer(out)
