@@ -26,6 +26,7 @@ import numpy as np
 from data.codec import CTCCodec, ctc_min_frames
 from data.lmdb_env import first_index, highest_index, lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, label_key
+from utils.atomic_write import write_atomically, write_text_atomically
 from utils.cache_home import cache_home
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
@@ -211,13 +212,9 @@ def read_entry(entry: Path, settings: dict, root: str | Path, source: str | None
 
 def write_entry(entry: Path, settings: dict, kept: np.ndarray, report: FilterReport) -> None:
     """The array, then the record that vouches for it, each written whole and renamed into place."""
-    for suffix, write in ((".npy", lambda file: np.save(file, kept, allow_pickle=False)),
-                          (".json", lambda file: file.write(json.dumps(
-                              {"settings": settings, "report": report.to_json()}, indent=1).encode()))):
-        temporary = entry.with_suffix(f"{suffix}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as file:
-            write(file)
-        os.replace(temporary, entry.with_suffix(suffix))
+    write_atomically(entry.with_suffix(".npy"), lambda file: np.save(file, kept, allow_pickle=False))
+    write_text_atomically(entry.with_suffix(".json"),
+                          json.dumps({"settings": settings, "report": report.to_json()}, indent=1))
 
 
 @contextmanager
