@@ -341,8 +341,7 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tup
     fails leaves nothing there to bind the folder to a config."""
     if not env.is_main:
         return
-    out_dir = Path(config.train.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(config.train.out_dir)  # made by take_run_folder's lock
     if config.train.overwrite:
         clear_run_folder(out_dir)
     write_config(out_dir, config)
