@@ -48,7 +48,7 @@ from training.run_log import RunLog
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
-from utils.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
+from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
                                read_env, setup_distributed)
 from utils.precision import autocast
@@ -245,7 +245,7 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
 
 @dataclass
 class Setup:
-    """What a run trains with, built from its config: shared by train() and scripts/benchmark.py."""
+    """What a run trains with, built from its config: shared by train() and tools/benchmark.py."""
 
     codec: CTCCodec
     preprocessing: Preprocessing  # what turns an image into the model's input; stored in every checkpoint

@@ -46,7 +46,7 @@ def build_model(arch: str, num_classes: int, in_channels: int, hidden_size: int,
 
 
 def model_from_config(model_config: Any, num_classes: int) -> nn.Module:
-    """The model the config's `model` section describes (utils.config.ModelConfig)."""
+    """The model the config's `model` section describes (training.config.ModelConfig)."""
     return build_model(model_config.arch, num_classes, model_config.in_channels, model_config.hidden_size,
                        **model_config.settings)
 

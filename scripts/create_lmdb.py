@@ -1,6 +1,6 @@
 """Convert your own labelled images into an LMDB that training reads.
 
-    python scripts/create_lmdb.py --images data/words --gt data/words/gt.txt --out datasets/words/train
+    python scripts/create_lmdb.py --images synthetic/words --gt synthetic/words/gt.txt --out datasets/words/train
     python scripts/create_lmdb.py --images ROOT --gt GT_FILE --out LMDB --check-alphabet alphabet.txt --overwrite
 
 GT_FILE is UTF-8 text, one `relative/path<TAB>label` per line, paths relative to ROOT; blank lines are

@@ -3,7 +3,7 @@
     scripts/eval.sh runs/crnn/best.pt datasets/synth/val [more LMDBs ...] [--json results.json]
     NPROC=2 scripts/eval.sh runs/crnn/best.pt datasets/synth/val      # 2 processes, same numbers
     scripts/eval.sh best.pt benchmarks/*/ --dump predictions.tsv --errors misreads.png
-    scripts/eval.sh best.pt benchmarks/*/ --decoder lexicon --lexicon data/words/english.txt
+    scripts/eval.sh best.pt benchmarks/*/ --decoder lexicon --lexicon synthetic/words/english.txt
 
 Every sample is evaluated exactly once whatever the number of processes, and the metrics are sums
 of integers, so the results do not depend on NPROC or the batch size. A checkpoint trained with
@@ -46,7 +46,7 @@ from training.checkpoint import check_checkpoint_path, load_model
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
 from utils.atomic_write import write_bytes_atomically, write_text_atomically
-from utils.config import ConfigFileOption, load_config
+from training.config import ConfigFileOption, load_config
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.

@@ -76,16 +76,16 @@ from data.codec import CTCCodec
 from data.image_files import encoded_images
 from data.lmdb_env import lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, label_key
-from data.synthetic.render import build_plan, render_sample
+from synthetic.render import build_plan, render_sample
 from data.transforms import ImageTransform, Preprocessing, image_size
-from evaluation.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
+from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from evaluation.metrics import METRIC_MODES, compared_form
 from models import output_frames
 from training.checkpoint import load_model
-from training.peer_weights import easyocr_problems, write_easyocr_model
+from interop.peer_weights import easyocr_problems, write_easyocr_model
 from utils import cli
 from utils.atomic_write import write_bytes_atomically
-from utils.config import Config, ConfigFileOption, load_config
+from training.config import Config, ConfigFileOption, load_config
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
 # EasyOCR's own recognizer names (easyocr/config.py): a custom model with one of them is not read.

@@ -7,7 +7,7 @@
     python scripts/import_weights.py my_g2.pth --out my.pt --alphabet my_characters.txt           # own set
 
 --format auto recognises EasyOCR's generation-2 recognizers, deep-text-recognition-benchmark's
-None-VGG-BiLSTM-CTC and crnn.pytorch's CRNN from their key layout (training/peer_weights.py) and says
+None-VGG-BiLSTM-CTC and crnn.pytorch's CRNN from their key layout (interop/peer_weights.py) and says
 which it chose. Their files hold no character list: the published models' sets are known by their
 class count; any other needs --alphabet, the characters in the source's class order (the blank, class
 0, not listed). The result then works with eval.sh, predict.py, export.py, and train.init_from.
@@ -23,7 +23,7 @@ from data.alphabet import load_alphabet
 from data.transforms import Preprocessing
 from models import count_parameters, model_from_config, output_frames
 from training.checkpoint import load_checkpoint, save_checkpoint, weights_checkpoint
-from training.peer_weights import (
+from interop.peer_weights import (
     FORMATS,
     convert_state_dict,
     detect_format,

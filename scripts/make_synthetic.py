@@ -5,7 +5,7 @@
     python scripts/make_synthetic.py --out datasets/mine --fonts my_fonts/ --backgrounds photos/ --words words.txt
     python scripts/make_synthetic.py --out datasets/cjk --alphabet configs/alphabets/cjk_gb2312_level1.txt
 
-What is written: real words (data/words/english.txt, from SCOWL: data/words/LICENSE-SCOWL.txt, or
+What is written: real words (synthetic/words/english.txt, from SCOWL: synthetic/words/LICENSE-SCOWL.txt, or
 `--words FILE`), numbers as they occur in print (years, amounts, prices, dates, codes), and random
 strings, now and then with punctuation beside them (a mark the alphabet lacks is drawn, not
 labelled, as the benchmarks score it); with a case-folding alphabet (lowercase, no capitals) in
@@ -38,9 +38,9 @@ from tqdm import tqdm
 
 from data.alphabet import load_alphabet
 from data.lmdb_writer import check_replaceable, write_lmdb
-from data.synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font
-from data.synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
-from data.synthetic.text import WORDS_FILE, check_left_to_right
+from synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font
+from synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
+from synthetic.text import WORDS_FILE, check_left_to_right
 from utils import cli
 
 DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"

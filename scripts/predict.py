@@ -3,7 +3,7 @@
     python scripts/predict.py runs/crnn/best.pt word.png                    # one image
     python scripts/predict.py runs/crnn/best.pt scans/ a.jpg b.png          # a folder's image files, and files
     python scripts/predict.py runs/crnn/best.pt 'scans/**/*.png' --device cuda:0 --batch-size 256   # a glob
-    python scripts/predict.py runs/crnn/best.pt words/ --decoder lexicon --lexicon data/words/english.txt
+    python scripts/predict.py runs/crnn/best.pt words/ --decoder lexicon --lexicon synthetic/words/english.txt
 
 The model, alphabet and preprocessing (size, colour, resize filter, normalisation) come from the checkpoint; a
 checkpoint trained with data.keep_aspect pads each image only to the next multiple of its data.eval_width_step,
@@ -36,7 +36,7 @@ from evaluation.long_crops import LongCropTransform, PiecewiseModel
 from training.checkpoint import load_model
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
-from utils.config import Config, ConfigFileOption, load_config
+from training.config import Config, ConfigFileOption, load_config
 
 
 def parse_args() -> argparse.Namespace:

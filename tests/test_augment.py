@@ -14,7 +14,7 @@ from data.samplers import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
-from utils.config import ConfigError, load_config, validate
+from training.config import ConfigError, load_config, validate
 
 
 def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():

@@ -26,7 +26,7 @@ from data.lmdb_dataset import LmdbDataset
 from data.lmdb_writer import write_lmdb
 from data.transforms import build_transform
 from tests.conftest import REPO, run_env
-from utils.config import ConfigError, load_config, path_keys, validate
+from training.config import ConfigError, load_config, path_keys, validate
 from utils.distributed import join_store, read_env, threads_per_process
 
 TINY = ["train.batch_size=8", "train.log_every=1", "data.num_workers=0", "model.hidden_size=32",

@@ -21,7 +21,7 @@ from PIL import Image
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
 from data.lmdb_writer import staging_prefix, write_lmdb
-from data.synthetic.backgrounds import load_photo
+from synthetic.backgrounds import load_photo
 from data.transforms import ImageTransform, Preprocessing, decode_image, image_size
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
 from tests.test_lmdb_dataset import edit_lmdb, png

@@ -18,7 +18,7 @@ from models import model_from_config
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
 from training.run_folder import find_latest_checkpoint, lock_run_folder, unlock_run_folder
 from utils.atomic_write import write_text_atomically
-from utils.config import ConfigError, load_config, validate
+from training.config import ConfigError, load_config, validate
 
 SMALL = ["model.hidden_size=32", "data.num_workers=0", "train.precision=fp32", "train.batch_size=8",
          "train.tensorboard=false"]

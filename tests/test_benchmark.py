@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs end to end and writes every figure it promises (no timing assertions)."""
+"""tools/benchmark.py runs end to end and writes every figure it promises (no timing assertions)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
     launcher = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                         f"--nproc_per_node={processes}"]
     result = subprocess.run(
-        [*launcher, "scripts/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
+        [*launcher, "tools/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
          "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
          "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=1", "model.hidden_size=32",
          "model.channels=[64,128,256,256,512,512,512]", "data.augment=light",  # the paper's widths, augmented
@@ -48,7 +48,7 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
 def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_path):
     json_path = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, "scripts/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
+        [sys.executable, "tools/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
          "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
          "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=0", "model.hidden_size=16",
          "--threads", "1"],

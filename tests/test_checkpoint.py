@@ -14,7 +14,7 @@ from training.checkpoint import (
     save_checkpoint,
     strip_wrapper_prefixes,
 )
-from utils.config import load_config, to_dict
+from training.config import load_config, to_dict
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 def small_config(alphabet: str = ALPHABET):

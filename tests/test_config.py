@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from utils.config import ConfigError, from_dict, load_config, to_dict, validate
+from training.config import ConfigError, from_dict, load_config, to_dict, validate
 
 
 @pytest.mark.parametrize("name", ["crnn.yaml", "finetune_real.yaml", "easyocr_en.yaml", "mjst.yaml", "cjk.yaml"])

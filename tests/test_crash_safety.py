@@ -195,7 +195,7 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     first_gap = {name: abs(losses[name][0] / losses["one"][0] - 1) for name in ("two_sync", "two_local")}
     torch.manual_seed(0)  # train.seed: the initial weights
     from models import model_from_config
-    from utils.config import load_config
+    from training.config import load_config
     start = model_from_config(load_config("crnn.yaml", ["model.hidden_size=32"]).model, 37).state_dict()
     one = stepped_weights(runs["one"] / "last.pt")
     apart = {name: distance_over_travel(one, stepped_weights(runs[name] / "last.pt"), start)

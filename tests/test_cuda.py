@@ -1,5 +1,5 @@
 """The CUDA lane: what only a GPU runs. Every test carries the `cuda` marker and is skipped, with the
-reason, where CUDA is absent (CI, and every CPU machine); `scripts/gpu_check.sh` runs it on a GPU:
+reason, where CUDA is absent (CI, and every CPU machine); `tools/gpu_check.sh` runs it on a GPU:
 
     python -m pytest -q -m cuda -rs
 
@@ -22,7 +22,7 @@ from conftest import REPO, read_lmdb, run_env
 from training.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU lane: scripts/gpu_check.sh)")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU lane: tools/gpu_check.sh)")]
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
@@ -107,7 +107,7 @@ def test_device_ids_pick_the_gpu_through_cuda_visible_devices(synth, tmp_path):
 
 def test_batches_arrive_pinned_and_copy_without_blocking(synth):
     from train import build_setup
-    from utils.config import load_config
+    from training.config import load_config
     from utils.distributed import DistEnv
 
     config = load_config("crnn.yaml", [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",

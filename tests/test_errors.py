@@ -28,7 +28,7 @@ from training.checkpoint import save_checkpoint
 from training.run_folder import check_run_folder, checkpoint_path, prepare_run_folder
 from training.run_log import RunLog
 from utils.cli import describe
-from utils.config import ConfigError, load_config, validate
+from training.config import ConfigError, load_config, validate
 
 TINY = ["train.batch_size=8", "train.log_every=1", "train.eval_every=2", "train.save_every=2", "data.num_workers=0",
         "model.hidden_size=32", "train.precision=fp32", "train.tensorboard=false"]

@@ -13,7 +13,7 @@ import torch
 from data.transforms import ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
 from training.checkpoint import load_model
-from utils.config import load_config
+from training.config import load_config
 
 WIDTH = load_config("crnn.yaml", []).data.img_width
 

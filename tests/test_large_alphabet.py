@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from data.alphabet import load_alphabet
-from data.synthetic.fonts import find_fonts, plan_fonts
-from data.synthetic.render import RenderPlan, render_sample
-from data.synthetic.text import TextSampler, folds_case
+from synthetic.fonts import find_fonts, plan_fonts
+from synthetic.render import RenderPlan, render_sample
+from synthetic.text import TextSampler, folds_case
 from tests.conftest import REPO, read_lmdb, run_env
 from training.checkpoint import classifier_keys
-from utils.config import load_config
+from training.config import load_config
 
 SCRIPT = REPO / "scripts" / "make_synthetic.py"
 LATIN_GREEK_CYRILLIC = "configs/alphabets/latin_greek_cyrillic.txt"

@@ -24,7 +24,7 @@ from evaluation.long_crops import LongCropTransform, PiecewiseModel, piece_start
 from models import build_model, model_from_config
 from tests.conftest import REPO, run_env
 from training.checkpoint import save_checkpoint, weights_checkpoint
-from utils.config import load_config
+from training.config import load_config
 
 CPU = torch.device("cpu")
 CODEC = CTCCodec("abcdefghij")

@@ -26,7 +26,7 @@ from torch import nn
 from data.opencv_resize import resize_opencv_linear
 from data.transforms import ImageTransform, Preprocessing
 from training.checkpoint import load_checkpoint, load_model
-from training.peer_weights import EASYOCR_ENGLISH_G2, detect_format
+from interop.peer_weights import EASYOCR_ENGLISH_G2, detect_format
 
 VGG_CONVS = {0: (3, True), 3: (3, True), 6: (3, True), 8: (3, True), 11: (3, False), 14: (3, False), 18: (2, True)}
 CRNN_WIDTHS = (64, 128, 256, 256, 512, 512, 512)
@@ -369,7 +369,7 @@ def test_the_real_english_g2_reads_what_easyocr_reads(synth, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "format: easyocr" in result.stdout and "mapped 44 of 44" in result.stdout
     report = tmp_path / "compare.json"
-    result = subprocess.run([sys.executable, "scripts/compare_easyocr.py", str(tmp_path / "english_g2.pt"),
+    result = subprocess.run([sys.executable, "tools/compare_easyocr.py", str(tmp_path / "english_g2.pt"),
                              str(synth / "test"), str(synth / "val"), "--easyocr-weights", str(english_g2_weights()),
                              "--json", str(report)], cwd=REPO, env=run_env(), capture_output=True, text=True,
                             timeout=600)

@@ -12,7 +12,7 @@ import utils.precision
 from models import model_from_config
 from tests.conftest import REPO, run_env
 from training.precision_choice import choose_precision
-from utils.config import ModelConfig
+from training.config import ModelConfig
 from utils.precision import autocast, candidate_precisions, resolve_precision
 from utils.sync_batchnorm import CpuSyncBatchNorm, convert_sync_batchnorm
 

@@ -20,7 +20,7 @@ from training.checkpoint import (
     read_preprocessing,
     save_checkpoint,
 )
-from utils.config import load_config
+from training.config import load_config
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
 RECORD = {"height": 32, "width": 100, "color": "L", "keep_aspect": False, "interpolation": "nearest",

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from models import ARCHITECTURES, register_model
 from tests.conftest import write_images
 from training.checkpoint import load_model
-from utils.config import ConfigError, load_config, validate
+from training.config import ConfigError, load_config, validate
 
 pytestmark = pytest.mark.slow  # trains, evaluates and exports for real
 

@@ -15,7 +15,7 @@ from training.run_folder import (
     point_last_at,
     prune_checkpoints,
 )
-from utils.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
+from training.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
 
 
 def training_checkpoint(step: int) -> dict:

@@ -1,5 +1,5 @@
-"""The scale harness: scripts/make_scale_lmdb.py writes a readable LMDB of real words, and
-scripts/scale_check.py measures what docs/data.md reports (at a small N here)."""
+"""The scale harness: tools/make_scale_lmdb.py writes a readable LMDB of real words, and
+tools/scale_check.py measures what docs/data.md reports (at a small N here)."""
 from __future__ import annotations
 
 import json
@@ -15,11 +15,11 @@ from data.label_index import usable_samples
 from data.lmdb_dataset import LmdbDataset
 from data.transforms import ImageTransform, Preprocessing
 
-WORDS = set((REPO / "data" / "words" / "english.txt").read_text().split())
+WORDS = set((REPO / "synthetic" / "words" / "english.txt").read_text().split())
 
 
 def make_scale_lmdb(out, samples: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/make_scale_lmdb.py", "--out", str(out), "--samples", str(samples),
+    return subprocess.run([sys.executable, "tools/make_scale_lmdb.py", "--out", str(out), "--samples", str(samples),
                            "--variants", "3", *extra], cwd=REPO, env=run_env(), capture_output=True, text=True,
                           timeout=120)
 
@@ -50,7 +50,7 @@ def test_the_scale_lmdb_is_not_written_over_without_overwrite(tmp_path):
 def test_scale_check_measures_memory_sampling_and_reading(synth, tmp_path):
     for name, samples in (("big", 3000), ("small", 600)):
         assert make_scale_lmdb(tmp_path / name, samples).returncode == 0
-    result = subprocess.run([sys.executable, "scripts/scale_check.py", "--big", str(tmp_path / "big"), "--small",
+    result = subprocess.run([sys.executable, "tools/scale_check.py", "--big", str(tmp_path / "big"), "--small",
                              str(tmp_path / "small"), "--val", str(synth / "val"), "--only", "memory", "sampler",
                              "reading", "--memory-steps", "10", "20", "--read-batches", "4", "--json",
                              str(tmp_path / "scale.json")], cwd=REPO, env=run_env(), capture_output=True, text=True,
@@ -69,7 +69,7 @@ def test_scale_check_measures_memory_sampling_and_reading(synth, tmp_path):
 def test_the_scale_lmdb_gets_the_permissions_of_the_umask(tmp_path):
     """Like every LMDB the project writes (data.lmdb_writer.FILE_MODE): a group-writable umask gives
     group-writable files, not py-lmdb's 0644, and the folder is not mkdtemp's 0700."""
-    result = subprocess.run([sys.executable, "scripts/make_scale_lmdb.py", "--out", str(tmp_path / "scale"),
+    result = subprocess.run([sys.executable, "tools/make_scale_lmdb.py", "--out", str(tmp_path / "scale"),
                              "--samples", "10", "--variants", "1"], cwd=REPO, env=run_env(), capture_output=True,
                             text=True, timeout=120, preexec_fn=lambda: os.umask(0o002))
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data.synthetic.text import MARKS
+from synthetic.text import MARKS
 from tests.conftest import read_lmdb, run_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
@@ -110,7 +110,7 @@ def test_other_seed_other_samples(seed0, tmp_path):
 def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
     labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
-    words = set((Path(__file__).resolve().parents[1] / "data" / "words" / "english.txt").read_text().lower().split())
+    words = set((Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt").read_text().lower().split())
     in_list = sum(label in words for label in labels)
     numbers = sum(label.isdigit() for label in labels)
     assert 0.35 * len(labels) < in_list < 0.8 * len(labels)

@@ -12,7 +12,7 @@ from torch import nn
 from models import build_model
 from tests.conftest import REPO, run_env
 from training.weight_average import WeightAverage
-from utils.config import ConfigError, load_config, validate
+from training.config import ConfigError, load_config, validate
 
 
 def decay_at(update: int, decay: float) -> float:

@@ -8,7 +8,7 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     model           the unwrapped state dict (no `module.` or `_orig_mod.`): with optim.ema_decay > 0,
                     the moving average of the weights, which is what validation scored
     step, accuracy  the step it was saved at; its validation accuracy (best.pt), or None
-    config          the run's config as a plain dict (utils.config.to_dict)
+    config          the run's config as a plain dict (training.config.to_dict)
     alphabet        the characters, in class order (the blank is class 0)
     preprocessing   data.transforms.Preprocessing as a dict: what turns an image into the input
     world_size, versions
@@ -34,7 +34,7 @@ from data.transforms import Preprocessing
 from models import model_from_config
 from training.weight_average import WeightAverage
 from utils.atomic_write import write_atomically
-from utils.config import Config, ConfigError, config_changes, from_dict, to_dict
+from training.config import Config, ConfigError, config_changes, from_dict, to_dict
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.

@@ -23,7 +23,7 @@ import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
 from utils.atomic_write import make_folder, remove_empty_folders, remove_leftovers, write_text_atomically
-from utils.config import Config, ConfigError, config_changes, to_dict
+from training.config import Config, ConfigError, config_changes, to_dict
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")

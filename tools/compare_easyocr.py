@@ -1,9 +1,9 @@
 """Read the same images with a checkpoint (as predict.py does) and with EasyOCR's own recognizer, and
 compare the texts. Needs `pip install easyocr`; runs offline.
 
-    python scripts/compare_easyocr.py pretrained/english_g2.pt datasets/synth/test --limit 1000 \\
+    python tools/compare_easyocr.py pretrained/english_g2.pt datasets/synth/test --limit 1000 \\
         --easyocr-weights easyocr_en_models/models/english_g2.pth          # an imported EasyOCR model
-    python scripts/compare_easyocr.py runs/ft/best.pt datasets/synth/test --easyocr-export runs/ft/best_easyocr
+    python tools/compare_easyocr.py runs/ft/best.pt datasets/synth/test --easyocr-export runs/ft/best_easyocr
 
 Images are image files, folders, quoted globs or LMDB folders (their first --limit samples). EasyOCR reads
 each image alone with its defaults (greedy decoding), except two, which are options here: its int8
@@ -21,7 +21,7 @@ import torch
 
 from data.image_files import encoded_images
 from data.transforms import ImageTransform
-from evaluation.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
+from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from training.checkpoint import load_model
 from utils import cli
 

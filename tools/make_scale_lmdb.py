@@ -1,9 +1,9 @@
 """Write an LMDB of N samples quickly, in the field's format, to test the project at MJSynth +
 SynthText's size (14.4 M) on a laptop disk.
 
-    python scripts/make_scale_lmdb.py --out datasets/scale15m --samples 15000000   # ~4 GB, a few minutes
+    python tools/make_scale_lmdb.py --out datasets/scale15m --samples 15000000   # ~4 GB, a few minutes
 
-Labels are real words (data/words/english.txt, drawn with a seed, as written: mixed case); images are
+Labels are real words (synthetic/words/english.txt, drawn with a seed, as written: mixed case); images are
 a few small 1-bit PNGs of words (~200 bytes each) reused in turn, so an image does not show its label.
 It measures start-up, memory, sampling and reading at scale (docs/data.md, "At MJSynth + SynthText
 scale"); it is not for training a model to read.
@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 from data.lmdb_keys import NUM_SAMPLES, image_key, label_key
 from data.lmdb_writer import FILE_MODE, check_replaceable, staged_lmdb
 
-WORDS = Path(__file__).resolve().parents[1] / "data" / "words" / "english.txt"
+WORDS = Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt"
 CHUNK = 1_000_000  # samples per transaction
 MAP_SIZE = 1 << 40  # address space only: the file grows to what is written
 

@@ -1,8 +1,8 @@
 """Measure how fast a config trains, loads data and evaluates; print a table and write JSON.
 
-    python scripts/benchmark.py --config crnn.yaml                                  # one process, fp32 and bf16
-    python scripts/benchmark.py --config crnn.yaml --batch-size 64 --precision bf16 --no-channels-last
-    torchrun --standalone --nproc_per_node=2 scripts/benchmark.py --config crnn.yaml   # per process + total
+    python tools/benchmark.py --config crnn.yaml                                  # one process, fp32 and bf16
+    python tools/benchmark.py --config crnn.yaml --batch-size 64 --precision bf16 --no-channels-last
+    torchrun --standalone --nproc_per_node=2 tools/benchmark.py --config crnn.yaml   # per process + total
 
 Without --precision, every precision `train.precision=auto` chooses from on this machine (fp32 and bf16 on
 a CPU whose oneDNN computes bf16) is measured side by side, in interleaved rounds, and the table says which
@@ -36,7 +36,7 @@ from evaluation.evaluate import evaluate
 from models.losses import ctc_losses
 from train import build_setup, train_step, wrap_for_training
 from utils import cli
-from utils.config import ConfigError, ConfigFileOption, load_config, validate
+from training.config import ConfigError, ConfigFileOption, load_config, validate
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
 from utils.precision import autocast, candidate_precisions
 

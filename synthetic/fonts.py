@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import ImageFont
 
-from data.synthetic.text import capital, unlabelled_marks
+from synthetic.text import capital, unlabelled_marks
 
 FONT_SUFFIXES = (".ttf", ".otf", ".ttc")
 FONT_PACKAGE_GROUP = "fontpkg.family"

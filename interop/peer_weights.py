@@ -26,7 +26,7 @@ from models.crnn import VGG_CHANNELS
 from models.dtrb import DTRB_CHANNELS
 from training.checkpoint import save_checkpoint
 from utils.atomic_write import write_text_atomically
-from utils.config import Config, ModelConfig, from_dict
+from training.config import Config, ModelConfig, from_dict
 
 LOWERCASE_36 = string.digits + string.ascii_lowercase
 # DTRB's --sensitive character set: string.printable without its 6 whitespace characters.

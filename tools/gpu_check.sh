@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One command on a machine with an NVIDIA GPU: the CUDA test lane, scripts/benchmark.py in the GPU
+# One command on a machine with an NVIDIA GPU: the CUDA test lane, tools/benchmark.py in the GPU
 # configurations, and a short real training run, in one report (Markdown + JSON) with the device and
 # the versions. On a machine without CUDA it says so and exits 0, having run nothing.
 #
-#   scripts/gpu_check.sh                  # -> runs/gpu_check/report.md and report.json
-#   OUT=/tmp/check STEPS=500 scripts/gpu_check.sh
+#   tools/gpu_check.sh                  # -> runs/gpu_check/report.md and report.json
+#   OUT=/tmp/check STEPS=500 tools/gpu_check.sh
 #
 # It installs nothing: run it in the environment of the README's second command (requirements-dev.txt),
 # which holds what the lane and the benchmark need. The data is the built-in synthetic set
@@ -30,13 +30,13 @@ python -m pytest -q -m cuda -rs -p no:cacheprovider --junitxml "$OUT/cuda_lane.x
 echo "== benchmark.py: the training loop, its compute floor, data loading"
 for precision in bf16 fp32; do
     for batch in 256 1024; do
-        python scripts/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision "$precision" \
+        python tools/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision "$precision" \
             --batch-size "$batch" data.num_workers=8 --json "$OUT/benchmark_${precision}_${batch}.json" \
             | tee "$OUT/benchmark_${precision}_${batch}.txt" || status=1
     done
 done
 for workers in 1 2 4 8 16; do
-    python scripts/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision bf16 --batch-size 512 \
+    python tools/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision bf16 --batch-size 512 \
         "data.num_workers=$workers" --json "$OUT/benchmark_workers_${workers}.json" \
         > "$OUT/benchmark_workers_${workers}.txt" || status=1
 done

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-WORDS_FILE = Path(__file__).resolve().parents[1] / "words" / "english.txt"  # SCOWL: data/words/LICENSE-SCOWL.txt
+WORDS_FILE = Path(__file__).resolve().parent / "words" / "english.txt"  # SCOWL: synthetic/words/LICENSE-SCOWL.txt
 # Shares of the three kinds of text, when the alphabet allows each.
 KIND_WEIGHTS = {"word": 0.75, "number": 0.15, "random": 0.10}
 CASE_WEIGHTS = {"lower": 0.5, "capitalised": 0.25, "upper": 0.25}

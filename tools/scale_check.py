@@ -2,9 +2,9 @@
 cache (1 and 2 processes), memory per process and per data-loader worker over 5,000 steps, the
 sampler's cost per step, and reading speed against a small LMDB of the same images.
 
-    python scripts/make_scale_lmdb.py --out datasets/scale15m --samples 15000000
-    python scripts/make_scale_lmdb.py --out datasets/scale50k --samples 50000
-    python scripts/scale_check.py --big datasets/scale15m --small datasets/scale50k --val datasets/synth/val
+    python tools/make_scale_lmdb.py --out datasets/scale15m --samples 15000000
+    python tools/make_scale_lmdb.py --out datasets/scale50k --samples 50000
+    python tools/scale_check.py --big datasets/scale15m --small datasets/scale50k --val datasets/synth/val
 
 Prints each figure and writes them all to --json. Run it on an idle machine: it times real torchrun
 launches of train.py (the crnn.yaml recipe) and real data loaders. docs/data.md holds this machine's figures.
@@ -29,7 +29,7 @@ from data.lmdb_dataset import LmdbDataset
 from data.loaders import build_train_loader
 from data.samplers import GlobalBatchSampler
 from data.transforms import build_transform
-from utils.config import load_config
+from training.config import load_config
 from utils.distributed import DistEnv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def measure_reading(big: Path, small: Path, work: Path, batches: int, workers: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--big", type=Path, required=True, help="the large LMDB (scripts/make_scale_lmdb.py)")
+    parser.add_argument("--big", type=Path, required=True, help="the large LMDB (tools/make_scale_lmdb.py)")
     parser.add_argument("--small", type=Path, required=True, help="a small LMDB of the same images, e.g. 50,000")
     parser.add_argument("--val", type=Path, required=True, help="a small validation LMDB for the runs")
     parser.add_argument("--only", nargs="+", choices=["startup", "memory", "sampler", "reading"],

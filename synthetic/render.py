@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageFont
 
-from data.synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, check_photo, luminance, paint
-from data.synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
-from data.synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words, unlabelled_marks
+from synthetic.backgrounds import HELD_OUT_STYLES, PHOTO, TRAIN_STYLES, check_photo, luminance, paint
+from synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
+from synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words, unlabelled_marks
 
 IMAGE_HEIGHT = 32
 MIN_WIDTH, MAX_WIDTH = 16, 300

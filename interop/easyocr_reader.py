@@ -1,6 +1,6 @@
 """EasyOCR's own recognizer, run offline beside this project's reading of the same images.
 
-EasyOCR (`pip install easyocr`) is optional: only scripts/compare_easyocr.py and
+EasyOCR (`pip install easyocr`) is optional: only tools/compare_easyocr.py and
 `scripts/export.py --format easyocr` use it, to show that a converted model reads what EasyOCR reads.
 Both sides get the same 8-bit grey pixels (decoded here once), so what differs is what each does
 after: its resize (the same as data.interpolation: opencv_linear, but for words narrower than high),
