@@ -20,6 +20,12 @@ def ctc_min_frames(text: str) -> int:
     return len(text) + repeats
 
 
+def fold_case(text: str) -> str:
+    """data.fold_case's rule, for whatever reads labels as training does (the codec, inspect_lmdb.py):
+    lowercase. str.lower, not casefold, which turns `ß` into `ss` and so changes a label's length."""
+    return text.lower()
+
+
 def word_confidence(char_probs: tuple[float, ...]) -> float:
     """How sure a reading is: the product of its characters' probabilities, length-adjusted as EasyOCR
     does (`prod ** (2 / sqrt(n))`), so that a long word is not ranked below a short one for its length
@@ -66,7 +72,7 @@ class CTCCodec:
         composed form (NFC) the alphabet is in (data.alphabet.load_alphabet), whatever form the dataset
         stored: `e` + U+0301 is `é`. Where the alphabet lists `e` and U+0301 but not `é`, the parts.
         ASCII labels take no Unicode work: this runs for every sample the data loader reads."""
-        label = label.lower() if self.fold_case else label
+        label = fold_case(label) if self.fold_case else label
         if label.isascii():
             return label
         label = unicodedata.normalize("NFC", label)
@@ -81,7 +87,7 @@ class CTCCodec:
 
     def case_folding_conflicts(self) -> list[str]:
         """The alphabet's characters that a lowercased label can never hold (`A` when folding case)."""
-        return [char for char in self.alphabet if char.lower() != char] if self.fold_case else []
+        return [char for char in self.alphabet if fold_case(char) != char] if self.fold_case else []
 
     def remove_unknown(self, label: str) -> str:
         """`label` without the characters the model cannot emit (the benchmarks' evaluation protocol)."""

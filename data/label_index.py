@@ -25,7 +25,7 @@ import numpy as np
 
 from data.codec import CTCCodec, ctc_min_frames
 from data.lmdb_env import first_index, highest_index, lmdb_for_scan, read_num_samples
-from data.lmdb_keys import image_key, label_key
+from data.lmdb_keys import image_key, read_label
 from utils.atomic_write import write_atomically, write_text_atomically
 from utils.cache_home import cache_home
 
@@ -104,44 +104,57 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
         # Filled in place, not a list of Python ints: 14.4 M of those would hold ~500 MB at the peak.
         kept = np.empty(read, dtype=np.int32 if last < 2**31 else np.int64)
         for index in range(first, last + 1):
-            raw = txn.get(label_key(index))
-            label = None if raw is None else codec.normalize(bytes(raw).decode("utf-8", errors="replace"))
+            label = read_label(txn, index)
+            label = None if label is None else codec.normalize(label)
             has_image = txn.get(image_key(index)) is not None
             report.present += label is not None or has_image
-            reason = None
-            if label is None:
-                reason = "missing label"
-            elif not has_image:
-                reason = "missing image"
-            else:
-                unknown = codec.unknown_characters(label)
-                if unknown and remove_unknown:
-                    report.unknown_characters.update(char for char in label if char in unknown)
-                    report.shortened += 1
-                    label, unknown = codec.remove_unknown(label), set()
-                if not label:
-                    reason = "empty label"
-                elif unknown:
-                    reason = "characters outside the alphabet"
-                    report.unknown_characters.update(char for char in label if char in unknown)
-                elif ctc_min_frames(label) > max_frames:
-                    reason = "too long for CTC"
+            reason = drop_reason(label, has_image, codec, max_frames, remove_unknown, report)
             if reason:
                 report.dropped[reason] += 1
             else:
                 kept[report.kept] = index
                 report.kept += 1
-    if not report.present:
-        raise ValueError(f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
-                         f"label-000000001, ...; num-samples is {num_samples}): nothing to train or evaluate on; give "
-                         f"an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py lists "
-                         f"the keys this one has)")
-    if not report.kept:  # else training would draw from nothing, and evaluation score nothing as 0 %
-        raise ValueError(f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
-                         f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")
+    refuse_without_usable_samples(report)
     report.source = f"labels scanned in {time.perf_counter() - started:.1f} s"
     # A numpy array: forked workers share it instead of copying it on read, as they would a list.
     return kept[:report.kept].copy(), report
+
+
+def drop_reason(label: str | None, has_image: bool, codec: CTCCodec, max_frames: int, remove_unknown: bool,
+                report: FilterReport) -> str | None:
+    """Why a sample is not usable (one of DROP_REASONS), or None when it is. Its characters outside the
+    alphabet are counted in `report`, and so is a label they were removed from (`remove_unknown`)."""
+    if label is None:
+        return "missing label"
+    if not has_image:
+        return "missing image"
+    unknown = codec.unknown_characters(label)
+    if unknown and remove_unknown:
+        report.unknown_characters.update(char for char in label if char in unknown)
+        report.shortened += 1
+        label, unknown = codec.remove_unknown(label), set()
+    if not label:
+        return "empty label"
+    if unknown:
+        report.unknown_characters.update(char for char in label if char in unknown)
+        return "characters outside the alphabet"
+    if ctc_min_frames(label) > max_frames:
+        return "too long for CTC"
+    return None
+
+
+def refuse_without_usable_samples(report: FilterReport) -> None:
+    """Raise when the scan found no sample, or none usable: training would draw from nothing, and
+    evaluation would score nothing as 0 %."""
+    root = report.root
+    if not report.present:
+        raise ValueError(f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
+                         f"label-000000001, ...; num-samples is {report.num_samples}): nothing to train or evaluate "
+                         f"on; give an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py "
+                         f"lists the keys this one has)")
+    if not report.kept:
+        raise ValueError(f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
+                         f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")
 
 
 def index_cache_dir(setting: str) -> Path | None:

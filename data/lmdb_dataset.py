@@ -1,6 +1,6 @@
 """Text-recognition samples from an LMDB in the field's format, opened read-only, and their batches.
 
-Keys: data/lmdb_keys.py; opening: data/lmdb_env.py; which samples are usable: data/label_index.py.
+Keys and the label reader: data/lmdb_keys.py; opening: data/lmdb_env.py; which samples are usable: data/label_index.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from data.codec import CTCCodec
 from data.label_index import usable_samples
 from data.lmdb_env import lmdb_for_scan, shared_lmdb
-from data.lmdb_keys import image_key, label_key
+from data.lmdb_keys import image_key, read_label
 from data.transforms import ImageTransform, image_size
 
 # What to do with a label holding characters outside the alphabet: leave the sample out, or remove
@@ -61,7 +61,7 @@ class LmdbDataset(Dataset):
         """Sample `position`, augmented as `augment_seed` draws if the transform augments."""
         index = int(self.indices[position])
         with shared_lmdb(self.root).begin(buffers=True) as txn:
-            label = bytes(txn.get(label_key(index))).decode("utf-8", errors="replace")
+            label = read_label(txn, index)
             image_bytes = txn.get(image_key(index))
             image_bytes = bytes(image_bytes) if image_bytes is not None else None
         if image_bytes is None:

@@ -75,7 +75,7 @@ from torch.export._patches import register_lstm_while_loop_decomposition
 from data.codec import CTCCodec
 from data.image_files import encoded_images
 from data.lmdb_env import lmdb_for_scan, read_num_samples
-from data.lmdb_keys import image_key, label_key
+from data.lmdb_keys import image_key, read_label
 from synthetic.render import build_plan, render_sample
 from data.transforms import ImageTransform, Preprocessing, image_size
 from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
@@ -374,10 +374,9 @@ def lmdb_samples(root: str, limit: int) -> list[tuple[str, bytes, str | None]]:
     samples = []
     with lmdb_for_scan(root) as env, env.begin() as txn:
         for index in range(1, min(read_num_samples(txn, root), limit) + 1):
-            image_bytes, raw_label = txn.get(image_key(index)), txn.get(label_key(index))
+            image_bytes = txn.get(image_key(index))
             if image_bytes is not None:
-                label = None if raw_label is None else bytes(raw_label).decode("utf-8", errors="replace")
-                samples.append((f"{root}#{index}", bytes(image_bytes), label))
+                samples.append((f"{root}#{index}", bytes(image_bytes), read_label(txn, index)))
     return samples
 
 

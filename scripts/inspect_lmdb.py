@@ -1,7 +1,8 @@
 """Look inside a text-recognition LMDB: what it holds, what is wrong with it, and a picture of samples.
 
     python scripts/inspect_lmdb.py datasets/synth/train
-    python scripts/inspect_lmdb.py datasets/mine --alphabet configs/alphabets/latin_greek_cyrillic.txt --montage mine.png
+    python scripts/inspect_lmdb.py datasets/mine --montage mine.png \\
+        --alphabet configs/alphabets/latin_greek_cyrillic.txt
     python scripts/inspect_lmdb.py data_lmdb_release/training/ST --fold-case --limit 100000 --decode
 
 Prints num-samples and the keys present, missing keys, histograms of label length and image width and
@@ -28,9 +29,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
-from data.codec import CTCCodec
+from data.codec import CTCCodec, fold_case
 from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
-from data.lmdb_keys import image_key, label_key
+from data.lmdb_keys import LabelNotUtf8, image_key, read_label
 from data.transforms import decode_image, image_size
 from evaluation.visualize import caption_grid
 from utils import cli
@@ -107,15 +108,15 @@ def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, norma
          decode: bool) -> Report:
     report = Report()
     for index in tqdm(indices, desc="scanning", unit="sample", mininterval=2.0, disable=None):
-        raw_label, image_bytes = txn.get(label_key(index)), txn.get(image_key(index))
-        if raw_label is None:
+        image_bytes = txn.get(image_key(index))
+        try:
+            label = read_label(txn, index, strict=True)
+        except LabelNotUtf8 as error:
+            report.not_utf8.append(index)
+            label = error.text  # what training reads
+        if label is None:
             report.missing_labels.append(index)
         else:
-            try:
-                label = bytes(raw_label).decode("utf-8")
-            except UnicodeDecodeError:
-                report.not_utf8.append(index)
-                label = bytes(raw_label).decode("utf-8", errors="replace")  # what training reads
             label = normalize(label)
             report.label_lengths[len(label)] += 1
             if not label:
@@ -138,7 +139,7 @@ def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, norma
                 report.widths[width] += 1
                 report.heights[height] += 1
                 report.formats[kind] += 1
-        if raw_label is not None and image_bytes is not None:
+        if label is not None and image_bytes is not None:
             report.complete.append(index)
     return report
 
@@ -178,22 +179,34 @@ def examples(indices: list[int]) -> str:
     return shown + (f" and {len(indices) - EXAMPLES} more" if len(indices) > EXAMPLES else "")
 
 
-def write_montage(txn: lmdb.Transaction, indices: list[int], path: Path, normalize: Callable[[str], str]) -> None:
+def write_montage(txn: lmdb.Transaction, complete: list[int], path: Path, samples: int, seed: int,
+                  normalize: Callable[[str], str]) -> None:
+    """A picture of `samples` samples drawn (by `seed`) from those holding both a label and an image."""
+    if not complete:
+        print("montage: not written, no sample holds both a label and an image")
+        return
+    chosen = random.Random(seed).sample(complete, min(samples, len(complete)))
+    picture = montage(txn, sorted(chosen), normalize)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    picture.save(path)
+    print(f"montage: wrote {len(chosen)} samples (seed {seed}) to {path}")
+
+
+def montage(txn: lmdb.Transaction, indices: list[int], normalize: Callable[[str], str]) -> Image.Image:
     """Each sample's image fitted into a tile, with `#index: label` under it."""
-    samples = []
+    tiles = []
     for index in indices:
-        label = normalize(bytes(txn.get(label_key(index))).decode("utf-8", errors="replace"))
+        label = normalize(read_label(txn, index))
         try:
             picture: Image.Image | str = decode_image(bytes(txn.get(image_key(index))), "RGB")  # as training sees it
         except Exception:  # the report above says why
             picture = "undecodable image"
-        samples.append((index, label, picture))
-    montage = caption_grid([(picture, [(f"#{index}", "dimgray"), (label, "black")]) for index, label, picture in samples])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    montage.save(path)
+        tiles.append((picture, [(f"#{index}", "dimgray"), (label, "black")]))
+    return caption_grid(tiles)
 
 
-def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None, fold_case: bool, decode: bool) -> None:
+def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None, case_folded: bool,
+                 decode: bool) -> None:
     missing = len(report.missing_labels) + len(report.missing_images)
     print(f"missing keys: {len(report.missing_labels)} labels, {len(report.missing_images)} images"
           + (":" if missing else ""))
@@ -201,7 +214,7 @@ def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None
         print(f"  label missing at {examples(report.missing_labels)}")
     if report.missing_images:
         print(f"  image missing at {examples(report.missing_images)}")
-    print("label length" + (" (lowercased)" if fold_case else "") + ":")
+    print("label length" + (" (lowercased)" if case_folded else "") + ":")
     print("\n".join(histogram(report.label_lengths)))
     empty = report.empty_labels
     print(f"empty labels: {len(empty)}" + (f" ({examples(empty)})" if empty else ""))
@@ -252,58 +265,69 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def read_alphabet(spec: str | None) -> str | None:
+    """--alphabet's characters (None without it); a bad one ends the command with one line."""
+    if spec is None:
+        return None
+    try:
+        return load_alphabet(spec)
+    except (OSError, ValueError) as error:
+        sys.exit(f"error: --alphabet: {error}")
+
+
+def print_contents(env: lmdb.Environment, txn: lmdb.Transaction, root: Path) -> int | None:
+    """Print the LMDB's size, num-samples and key ranges; return num-samples, or None where it is unusable."""
+    size = (root / "data.mdb").stat().st_size
+    shown_size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+    print(f"{root}: {shown_size}, {env.stat()['entries']} keys")
+    try:
+        num_samples = read_num_samples(txn, root)
+        print(f"num-samples: {num_samples}")
+    except ValueError as error:  # reported, not fatal: the rest of the LMDB is still worth a look
+        num_samples = None
+        print(f"num-samples: {error} (training refuses this LMDB)")
+    groups, cut = key_groups(txn)
+    print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
+    return num_samples
+
+
+def indices_to_scan(txn: lmdb.Transaction, num_samples: int | None, limit: int | None) -> range:
+    """The indices training reads (up to the highest key, whatever num-samples says), cut at `limit`;
+    printed, with where they disagree with num-samples."""
+    first, highest = first_index(txn), highest_index(txn)
+    if first == 0:
+        print("  index 0 holds a sample: the format counts from 1 and other readers skip it; training and"
+              " eval read it")
+    if num_samples is None:
+        print(f"scanning indices {first} to {highest}, the highest image-/label- key")
+    elif num_samples + first - 1 > highest:
+        print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
+              f" or the LMDB was cut short; scanning indices {first} to {highest}")
+    elif num_samples + first - 1 < highest:
+        print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
+              f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}")
+    end = highest if limit is None else min(highest, limit)
+    print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
+          f"scanned: samples {first} to {end}" + (f" of {highest} (--limit)" if end < highest else " (all)"))
+    return range(first, end + 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    alphabet = None
-    if args.alphabet is not None:
-        try:
-            alphabet = load_alphabet(args.alphabet)
-        except (OSError, ValueError) as error:
-            sys.exit(f"error: --alphabet: {error}")
+    alphabet = read_alphabet(args.alphabet)
     # Labels as training reads them (case folded, Unicode composed as the alphabet is), so the counts
     # below are training's; without an alphabet, only the case.
     normalize = (CTCCodec(alphabet, args.fold_case).normalize if alphabet is not None
-                 else str.lower if args.fold_case else str)
+                 else fold_case if args.fold_case else str)
     env = open_lmdb(args.lmdb)
     try:
         with env.begin(buffers=True) as txn:
-            size = (args.lmdb / "data.mdb").stat().st_size
-            shown_size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
-            print(f"{args.lmdb}: {shown_size}, {env.stat()['entries']} keys")
-            try:
-                total = read_num_samples(txn, args.lmdb)
-                print(f"num-samples: {total}")
-            except ValueError as error:  # reported, not fatal: the rest of the LMDB is still worth a look
-                total = None
-                print(f"num-samples: {error} (training refuses this LMDB)")
-            groups, cut = key_groups(txn)
-            print("keys: " + "; ".join(groups) + (" ..." if cut else ""))
-            first, highest = first_index(txn), highest_index(txn)
-            if first == 0:
-                print("  index 0 holds a sample: the format counts from 1 and other readers skip it; training and"
-                      " eval read it")
-            # The keys decide what is scanned, as in training: up to the highest one, whatever num-samples says.
-            if total is None:
-                print(f"scanning indices {first} to {highest}, the highest image-/label- key")
-            elif total + first - 1 > highest:
-                print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
-                      f" or the LMDB was cut short; scanning indices {first} to {highest}")
-            elif total + first - 1 < highest:
-                print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
-                      f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}")
-            total = highest
-            end = total if args.limit is None else min(total, args.limit)
-            print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
-                  f"scanned: samples {first} to {end}" + (f" of {total} (--limit)" if end < total else " (all)"))
-            report = scan(txn, range(first, end + 1), set(alphabet) if alphabet is not None else None, normalize,
-                          args.decode)
+            num_samples = print_contents(env, txn, args.lmdb)
+            indices = indices_to_scan(txn, num_samples, args.limit)
+            report = scan(txn, indices, set(alphabet) if alphabet is not None else None, normalize, args.decode)
             print_report(report, alphabet, args.alphabet, args.fold_case, args.decode)
-            if args.montage is not None and not report.complete:
-                print("montage: not written, no sample holds both a label and an image")
-            elif args.montage is not None:
-                chosen = random.Random(args.seed).sample(report.complete, min(args.samples, len(report.complete)))
-                write_montage(txn, sorted(chosen), args.montage, normalize)
-                print(f"montage: wrote {len(chosen)} samples (seed {args.seed}) to {args.montage}")
+            if args.montage is not None:
+                write_montage(txn, report.complete, args.montage, args.samples, args.seed, normalize)
     finally:
         env.close()
 

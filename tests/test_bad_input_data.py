@@ -137,6 +137,17 @@ def test_inspect_lmdb_agrees_with_training_on_which_samples_exist(tmp_path, caps
     assert code == 0 and "scanned: no samples; training and eval refuse an LMDB without samples" in out
 
 
+def test_inspect_lmdb_counts_labels_that_are_not_utf8_and_reads_them_as_training_does(tmp_path, capsys):
+    from scripts.inspect_lmdb import main
+    latin1 = raw_lmdb(tmp_path / "latin1", {b"num-samples": b"2", b"image-000000001": png(), b"image-000000002": png(),
+                                           b"label-000000001": "CAFÉ".encode("latin-1"), b"label-000000002": b"Tea"})
+    code, out, _ = run_main(main, latin1, "--fold-case", "--alphabet", ALPHABET, capsys=capsys)
+    assert code == 0
+    assert "labels not valid UTF-8: 1 (#1); training reads them with U+FFFD in place of the bad bytes" in out
+    assert "label length (lowercased):" in out and "min 3, median 3, max 4" in out  # caf + U+FFFD: 4 characters
+    assert "(U+FFFD REPLACEMENT CHARACTER): 1" in out
+
+
 # E. Images are read as a viewer shows them.
 
 def black_then_white() -> Image.Image:

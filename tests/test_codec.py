@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from data.alphabet import load_alphabet
-from data.codec import CTCCodec, ctc_min_frames
+from data.codec import CTCCodec, ctc_min_frames, fold_case
 
 
 def one_hot_logits(frames: list[int], num_classes: int, peak: float = 10.0) -> torch.Tensor:
@@ -65,6 +65,12 @@ def test_fold_case_lowercases_labels():
     codec = CTCCodec("abc", fold_case=True)
     assert codec.normalize("CaB") == "cab"
     assert CTCCodec("abcABC").normalize("CaB") == "CaB"
+
+
+def test_fold_case_keeps_each_characters_count_as_lower_does():
+    """casefold would make `ß` two characters, and a label longer than the one stored."""
+    assert fold_case("STRAßE") == "straße"
+    assert CTCCodec("aerstß", fold_case=True).normalize("STRAßE") == fold_case("STRAßE")
 
 
 def test_ctc_min_frames_counts_repeats():

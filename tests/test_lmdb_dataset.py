@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
+from data.lmdb_keys import LabelNotUtf8, read_label
 from data.lmdb_writer import write_lmdb
 from data.transforms import ImageTransform, Preprocessing
 
@@ -167,3 +168,18 @@ def test_one_lmdb_behind_two_datasets_in_one_process(messy_lmdb):
     codec = CTCCodec(ALPHABET, fold_case=True)
     first, second = (LmdbDataset(messy_lmdb, codec, 26, transform()) for _ in range(2))
     assert first[0][1] == second[0][1] == "hello"
+
+
+def test_a_label_that_is_not_utf8_reads_with_replacement_characters_everywhere(tmp_path):
+    """One reader for every command: U+FFFD for the bad bytes, the same text for training and the strict
+    reader inspect_lmdb.py uses to count such labels; no label key reads as None."""
+    path = tmp_path / "latin1"
+    write_lmdb(path, [(png(), "caf"), (png(), "abc")])
+    edit_lmdb(path, put={b"label-000000001": "café".encode("latin-1")}, delete=[b"label-000000002"])
+    with lmdb.open(str(path), readonly=True, lock=False) as env, env.begin(buffers=True) as txn:
+        assert read_label(txn, 1) == "caf\ufffd" and read_label(txn, 2) is None
+        with pytest.raises(LabelNotUtf8, match="label 1 is not valid UTF-8; training reads it with U\\+FFFD") as error:
+            read_label(txn, 1, strict=True)
+        assert error.value.text == "caf\ufffd"
+    dataset = LmdbDataset(path, CTCCodec(ALPHABET + "\ufffd"), 26, transform())
+    assert dataset.report.dropped == {"missing label": 1} and dataset[0][1] == "caf\ufffd"
