@@ -22,8 +22,8 @@ import yaml
 from torch import Tensor
 
 from data.transforms import Preprocessing
-from models.crnn import VGG_CHANNELS
 from models.dtrb import DTRB_CHANNELS
+from models.layers import VGG_CHANNELS
 from training.checkpoint import save_checkpoint
 from utils.atomic_write import write_text_atomically
 from training.config import Config, ModelConfig, from_dict

@@ -1,29 +1,15 @@
-"""CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier."""
+"""CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
+Its parts shared with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
+from models.layers import VGG_CHANNELS, VGG_LAYERS, BidirectionalLSTM
 from models.registry import register_model
-
-# (kernel, padding, pooling after the layer) of each convolution. The two (2, 1) poolings halve the
-# height but keep the width, so a 32 x 100 image becomes 26 frames: enough for words of up to ~20
-# characters.
-VGG_LAYERS: list[tuple[int, int, tuple[int, int] | None]] = [
-    (3, 1, (2, 2)),
-    (3, 1, (2, 2)),
-    (3, 1, None),
-    (3, 1, (2, 1)),
-    (3, 1, None),
-    (3, 1, (2, 1)),
-    (2, 0, None),
-]
-# The paper's widths. The convolutions are most of a training step's time, and their cost grows with
-# the square of the width: configs/crnn.yaml trains a narrower network (model.channels).
-VGG_CHANNELS = (64, 128, 256, 256, 512, 512, 512)
 
 
 def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> nn.Sequential:
+    """The VGG_LAYERS convolutions at `channels` widths, each followed by BatchNorm and ReLU."""
     if len(channels) != len(VGG_LAYERS):
         raise ValueError(f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
                          f"{len(channels)} widths: {list(channels)}")
@@ -45,19 +31,6 @@ def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> 
             layers.append(nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1)))
         in_channels = out_channels
     return nn.Sequential(*layers)
-
-
-class BidirectionalLSTM(nn.Module):
-    """A BiLSTM over time-first input followed by a linear projection of both directions."""
-
-    def __init__(self, input_size: int, hidden_size: int, output_size: int) -> None:
-        super().__init__()
-        self.rnn = nn.LSTM(input_size, hidden_size, bidirectional=True)
-        self.linear = nn.Linear(2 * hidden_size, output_size)
-
-    def forward(self, features: Tensor) -> Tensor:  # [T, B, input_size] -> [T, B, output_size]
-        hidden, _ = self.rnn(features)
-        return self.linear(hidden)
 
 
 @register_model("crnn")
@@ -88,23 +61,3 @@ class CRNN(nn.Module):
         features = features.squeeze(2).permute(2, 0, 1)  # [T, B, channels[-1]]
         logits = self.sequence(features)  # [T, B, num_classes]
         return logits.transpose(0, 1)  # [B, T, num_classes]
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-@torch.no_grad()
-def output_frames(model: nn.Module, in_channels: int, height: int, width: int) -> int:
-    """Frames T the model emits for a `height x width` image: the longest label CTC can align is T.
-    A size the model cannot read raises ValueError, with the model's reason."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        frames = model(torch.zeros(1, in_channels, height, width, device=device)).shape[1]
-    except RuntimeError as error:  # a fork's model without a check of its own: PyTorch's shape error
-        raise ValueError(f"the model cannot read {height} x {width} images: {str(error).splitlines()[0]}") from None
-    finally:
-        model.train(was_training)
-    return frames

@@ -3,7 +3,7 @@ paper's network with a bias on every convolution and BatchNorm after convolution
 
 This project's own CRNN (models/crnn.py) puts BatchNorm after every convolution, so the published
 weights need this variant. Module names follow the source's (`conv0` ... `batchnorm6`), so a
-converted state dict loads as it is once `cnn.`/`rnn.` are renamed (models/peer_weights.py).
+converted state dict loads as it is once `cnn.`/`rnn.` are renamed (interop/peer_weights.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 from torch import Tensor, nn
 
-from models.crnn import VGG_CHANNELS, VGG_LAYERS, BidirectionalLSTM
+from models.layers import VGG_CHANNELS, VGG_LAYERS, BidirectionalLSTM
 from models.registry import register_model
 
 BATCHNORM_AFTER = (2, 4, 6)

@@ -2,7 +2,7 @@
 "generation 2" recognizers (english_g2 and the other *_g2 models).
 
 The layers and their order are the source's, so a converted state dict loads without reshaping
-(models/peer_weights.py maps the names). Unlike this project's CRNN, the last pooling keeps the
+(interop/peer_weights.py maps the names). Unlike this project's CRNN, the last pooling keeps the
 height and the frames average over what is left of it: the network reads 32-pixel images (DTRB) and
 64-pixel ones (EasyOCR) alike.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from models.crnn import BidirectionalLSTM
+from models.layers import BidirectionalLSTM
 from models.registry import register_model
 
 DTRB_CHANNELS = 512  # DTRB's own output_channel; EasyOCR's generation 2 uses 256

@@ -26,7 +26,8 @@ def ctc_losses(logits: Tensor, targets: Tensor, target_lengths: Tensor, count_in
     input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
     targets = targets.to(logits.device, non_blocking=True)
     target_lengths = target_lengths.to(logits.device, non_blocking=True)
-    losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True)
+    losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none",
+                        zero_infinity=True)
     if not count_infinite:
         return losses, None
     with torch.no_grad():

@@ -1,4 +1,5 @@
-"""The architectures a config can name, and how a config's `model` section becomes a model.
+"""The architectures a config can name, how a config's `model` section becomes a model, and what
+any model is measured by (count_parameters, output_frames).
 
     @register_model("mynet")          # in models/mynet.py, imported in models/__init__.py
     class MyNet(nn.Module):
@@ -56,3 +57,23 @@ def check_model_config(model_config: Any) -> None:
     or a value its constructor refuses, is then an error before anything starts."""
     with torch.device("meta"):
         model_from_config(model_config, num_classes=2)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def output_frames(model: nn.Module, in_channels: int, height: int, width: int) -> int:
+    """Frames T the model emits for a `height x width` image: the longest label CTC can align is T.
+    A size the model cannot read raises ValueError, with the model's reason."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        frames = model(torch.zeros(1, in_channels, height, width, device=device)).shape[1]
+    except RuntimeError as error:  # a fork's model without a check of its own: PyTorch's shape error
+        raise ValueError(f"the model cannot read {height} x {width} images: {str(error).splitlines()[0]}") from None
+    finally:
+        model.train(was_training)
+    return frames

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import ast
+
 import pytest
 import torch
 
 from models import build_model, count_parameters, output_frames
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,22 @@ def test_lstm_layers_sets_how_many_bilstms_read_the_frames():
             [64] * (layers - 1) + [37]
     with pytest.raises(ValueError, match=r"model.lstm_layers=0: must be at least 1"):
         build_model("crnn", 37, 1, 64, lstm_layers=0)
+
+
+def test_only_models_init_imports_the_crnn_so_a_fork_can_delete_it():
+    """models/__init__.py's promise: dropping models/crnn.py is its one import line there, plus model.arch's
+    default; what other architectures and the weight importer share with it lives in models/layers.py."""
+    importers = set()
+    for path in REPO.rglob("*.py"):
+        if any(part.startswith(".") for part in path.relative_to(REPO).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(name == "models.crnn" or name.startswith("models.crnn.") for name in names):
+                importers.add(path.relative_to(REPO).as_posix())
+    assert importers == {"models/__init__.py"}
