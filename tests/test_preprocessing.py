@@ -102,7 +102,7 @@ def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_f
     with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot "
                                                  r"apply: \['deskew'\]"):
         Preprocessing.from_dict({**RECORD, "deskew": True}, "fork.pt")
-    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation "
+    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation: "
                                                  "'area' is not one of"):
         Preprocessing.from_dict({**RECORD, "interpolation": "area"}, "fork.pt")
 
