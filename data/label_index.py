@@ -144,6 +144,9 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
     return kept[:report.kept].copy(), report
 
 
+INDEX_CACHE_WORDS = ("auto", "off")  # what data.index_cache takes besides a folder (index_cache_dir)
+
+
 def index_cache_dir(setting: str) -> Path | None:
     """data.index_cache's folder: `auto` is the user's cache folder ($XDG_CACHE_HOME or ~/.cache, then
     crnn-ocr/lmdb-index), `off` none, anything else the folder itself."""
