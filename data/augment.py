@@ -3,10 +3,10 @@ data-loader workers.
 
 Each transform is one entry of AUGMENTATIONS: its name (the config key `augment.<name>`), how likely it
 is at each level and how strong, and how it is built. A level (`data.augment`, one of LEVELS) sets the
-probabilities and strengths; the `augment` section of the config overrides any probability. Every sample draws from a generator
-seeded by its own seed (train.seed, the step and its place in the global batch, see
-data.samplers), never from a process's global random state: a resumed run, a run on another number
-of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
+probabilities and strengths; the `augment` section of the config overrides any probability. Every
+sample draws from a generator seeded by its own seed (train.seed, the step and its place in the global
+batch, see data.samplers), never from a process's global random state: a resumed run, a run on another
+number of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
 """
 from __future__ import annotations
 
@@ -72,7 +72,6 @@ AUGMENTATIONS = (
         lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p),
         {"light": 0.03, "strong": 0.06}),
 )
-NAMES = tuple(step.name for step in AUGMENTATIONS)  # the `augment` section's keys (training/config.py)
 PROBABILITIES = {level: {step.name: step.probability[level] for step in AUGMENTATIONS} for level in LEVELS}
 
 
@@ -87,7 +86,7 @@ class Augmentation:
     def from_config(cls, level: str, overrides: dict[str, float | None]) -> Augmentation | None:
         """The level's probabilities with the overrides that are set; None when every one is 0."""
         probabilities = {name: value if (value := overrides.get(name)) is not None else PROBABILITIES[level][name]
-                         for name in NAMES}
+                         for name in PROBABILITIES[level]}
         return cls(level, probabilities) if any(probabilities.values()) else None
 
     def __call__(self, pixels: Tensor, seed: int) -> Tensor:
