@@ -110,7 +110,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     arch: str = bound_to("model", "crnn")  # an architecture registered in models/ (models.register_model)
-    in_channels: int = bound_to("model", 1)  # 1: grayscale, 3: RGB
+    in_channels: int = bound_to("model", 1)  # 1: grayscale, 3: RGB (data/transforms.py's COLORS)
     hidden_size: int = bound_to("model", 256)
     # BatchNorm statistics over the global batch instead of each process's slice: a run on N
     # processes then computes what one process would with the same global batch. Costs two small
