@@ -34,6 +34,7 @@ class AugmentationStep:
     strength: dict[str, Any] = field(default_factory=dict)
 
     def strength_at(self, level: str) -> Any:
+        """How far it goes at `level` (None for a transform that has no strength)."""
         return self.strength.get(level, self.strength.get("light"))
 
 
@@ -43,34 +44,34 @@ class AugmentationStep:
 AUGMENTATIONS = (
     # A small rotation, shear, scale and shift.
     AugmentationStep(
-        "affine", {"none": 0.0, "light": 0.3, "strong": 0.6},
-        lambda strength, fill, p: v2.RandomApply([v2.RandomAffine(
+        "affine", probability={"none": 0.0, "light": 0.3, "strong": 0.6},
+        strength={"light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05)},
+                  "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1)}},
+        build=lambda strength, fill, p: v2.RandomApply([v2.RandomAffine(
             strength["degrees"], translate=strength["translate"], scale=strength["scale"], shear=strength["shear"],
-            fill=fill)], p=p),
-        {"light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05)},
-         "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1)}}),
+            fill=fill)], p=p)),
     AugmentationStep(
-        "perspective", {"none": 0.0, "light": 0.2, "strong": 0.4},
-        lambda distortion, fill, p: v2.RandomPerspective(distortion, p=p, fill=fill),
-        {"light": 0.15, "strong": 0.3}),
+        "perspective", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": 0.15, "strong": 0.3},  # distortion
+        build=lambda distortion, fill, p: v2.RandomPerspective(distortion, p=p, fill=fill)),
     # Brightness and contrast.
     AugmentationStep(
-        "color", {"none": 0.0, "light": 0.4, "strong": 0.7},
-        lambda strength, fill, p: v2.RandomApply([v2.ColorJitter(brightness=strength["brightness"],
-                                                                 contrast=strength["contrast"])], p=p),
-        {"light": {"brightness": 0.3, "contrast": 0.3}, "strong": {"brightness": 0.5, "contrast": 0.5}}),
+        "color", probability={"none": 0.0, "light": 0.4, "strong": 0.7},
+        strength={"light": {"brightness": 0.3, "contrast": 0.3}, "strong": {"brightness": 0.5, "contrast": 0.5}},
+        build=lambda strength, fill, p: v2.RandomApply(
+            [v2.ColorJitter(brightness=strength["brightness"], contrast=strength["contrast"])], p=p)),
     # Light text on dark.
     AugmentationStep(
-        "invert", {"none": 0.0, "light": 0.1, "strong": 0.2},
-        lambda strength, fill, p: v2.RandomInvert(p=p)),
+        "invert", probability={"none": 0.0, "light": 0.1, "strong": 0.2},
+        build=lambda strength, fill, p: v2.RandomInvert(p=p)),
     AugmentationStep(
-        "blur", {"none": 0.0, "light": 0.2, "strong": 0.4},
-        lambda sigma, fill, p: v2.RandomApply([v2.GaussianBlur(5, sigma=sigma)], p=p),
-        {"light": (0.1, 1.0), "strong": (0.1, 1.6)}),
+        "blur", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": (0.1, 1.0), "strong": (0.1, 1.6)},  # sigma
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianBlur(5, sigma=sigma)], p=p)),
     AugmentationStep(
-        "noise", {"none": 0.0, "light": 0.2, "strong": 0.4},
-        lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p),
-        {"light": 0.03, "strong": 0.06}),
+        "noise", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": 0.03, "strong": 0.06},  # sigma
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p)),
 )
 PROBABILITIES = {level: {step.name: step.probability[level] for step in AUGMENTATIONS} for level in LEVELS}
 

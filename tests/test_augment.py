@@ -45,8 +45,8 @@ def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_ot
         import pathlib, sys, types, torch
         # The fork's data/augment.py: this one with one entry more, imported before anything reads it.
         entry = """AUGMENTATIONS = (
-            AugmentationStep("erase", {"none": 0.0, "light": 0.0, "strong": 0.0},
-                             lambda strength, fill, p: v2.RandomErasing(p=p)),"""
+            AugmentationStep("erase", probability={"none": 0.0, "light": 0.0, "strong": 0.0},
+                             build=lambda strength, fill, p: v2.RandomErasing(p=p)),"""
         source = pathlib.Path("data/augment.py").read_text().replace("AUGMENTATIONS = (", entry, 1)
         sys.modules["data.augment"] = fork = types.ModuleType("data.augment")
         exec(compile(source, "data/augment.py", "exec"), fork.__dict__)
