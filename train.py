@@ -12,7 +12,6 @@ Options after the config file are dotted overrides: optim.lr=3e-4 data.train=[da
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from models.losses import ctc_losses
 from training.checkpoint import (check_config, load_checkpoint, load_initial_weights, restore_training,
                                  save_checkpoint, training_checkpoint, weights_checkpoint)
 from training.log_window import LogWindow
+from training.optim import build_optimizer
 from training.precision_choice import choose_precision
 from training.run_folder import (RunFolderLock, best_in_folder, check_run_folder, checkpoint_path, clear_run_folder,
                                  find_latest_checkpoint, lock_run_folder, point_last_at, prepare_run_folder,
@@ -183,27 +183,6 @@ def read_config() -> Config:
         raise ConfigError(f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
                           f"{config.train.eval_batch_size} must divide by the {world_size} processes")
     return config
-
-
-def build_optimizer(config: Config, model: nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    optim = config.optim
-    if optim.name == "adam":
-        # Fused: one kernel for all parameters instead of a loop over them, 1.4 ms against 5-8 ms a step
-        # for configs/crnn.yaml's model on one CPU thread (docs/performance.md).
-        optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, fused=True)
-    else:  # Adadelta with rho 0.95, the deep-text-recognition-benchmark recipe (use lr=1.0)
-        optimizer = torch.optim.Adadelta(model.parameters(), lr=optim.lr, rho=0.95, eps=1e-8, weight_decay=optim.weight_decay)
-
-    def lr_factor(step: int) -> float:
-        # Linear warm-up: large early steps push a CTC model into predicting blanks everywhere.
-        if step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
-        if optim.schedule == "constant":
-            return 1.0
-        progress = (step - optim.warmup_steps) / max(1, config.train.max_steps - optim.warmup_steps)
-        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
 def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -1,36 +1,79 @@
 """Training-time augmentation: torchvision's transforms.v2 on each decoded, resized image, in the
 data-loader workers.
 
-A level (`data.augment`: none | light | strong) sets how likely each transform is and how strong;
-the `augment` section of the config overrides any probability. Every sample draws from a generator
-seeded by its own seed (train.seed, the step and its place in the global batch, see
-data.samplers), never from a process's global random state: a resumed run, a run on another number
-of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
+Each transform is one entry of AUGMENTATIONS: its name (the config key `augment.<name>`), how likely it
+is at each level and how strong, and how it is built. A level (`data.augment`, one of LEVELS) sets the
+probabilities and strengths; the `augment` section of the config overrides any probability. Every
+sample draws from a generator seeded by its own seed (train.seed, the step and its place in the global
+batch, see data.samplers), never from a process's global random state: a resumed run, a run on another
+number of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 from torchvision.transforms import v2
 
-TRANSFORMS = ("affine", "perspective", "color", "invert", "blur", "noise")
-PROBABILITIES = {
-    "none": dict.fromkeys(TRANSFORMS, 0.0),
-    "light": {"affine": 0.3, "perspective": 0.2, "color": 0.4, "invert": 0.1, "blur": 0.2, "noise": 0.2},
-    "strong": {"affine": 0.6, "perspective": 0.4, "color": 0.7, "invert": 0.2, "blur": 0.4, "noise": 0.4},
-}
-# How far each transform goes at each level (rotation and shear in degrees; shifts and scales as
-# fractions of the image; blur sigma in pixels; noise sigma in units of full brightness).
-# Level `none` with a probability overridden uses light's.
-STRENGTHS = {
-    "light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05), "distortion": 0.15,
-              "brightness": 0.3, "contrast": 0.3, "sigma": (0.1, 1.0), "noise": 0.03},
-    "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1), "distortion": 0.3,
-               "brightness": 0.5, "contrast": 0.5, "sigma": (0.1, 1.6), "noise": 0.06},
-}
-LEVELS = tuple(PROBABILITIES)
+LEVELS = ("none", "light", "strong")  # data.augment: how likely and how strong every transform is
+
+
+@dataclass(frozen=True)
+class AugmentationStep:
+    """One transform of the pipeline. `name` is its config key (`augment.<name>` overrides its
+    probability); `probability` how likely it is at each level; `strength` how far it goes at the light
+    and strong levels (level `none` with a probability overridden uses light's); `build(strength, fill,
+    p)` the transform, applied with probability `p`, `fill` the colour of the corners geometry uncovers."""
+
+    name: str
+    probability: dict[str, float]
+    build: Callable[[Any, list[float], float], v2.Transform]
+    strength: dict[str, Any] = field(default_factory=dict)
+
+    def strength_at(self, level: str) -> Any:
+        """How far it goes at `level` (None for a transform that has no strength)."""
+        return self.strength.get(level, self.strength.get("light"))
+
+
+# The pipeline, in the order it is applied: a fork adds an augmentation with one entry here (its config
+# key comes with it). Rotation and shear in degrees; shifts and scales as fractions of the image; blur
+# sigma in pixels; noise sigma in units of full brightness.
+AUGMENTATIONS = (
+    # A small rotation, shear, scale and shift.
+    AugmentationStep(
+        "affine", probability={"none": 0.0, "light": 0.3, "strong": 0.6},
+        strength={"light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05)},
+                  "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1)}},
+        build=lambda strength, fill, p: v2.RandomApply([v2.RandomAffine(
+            strength["degrees"], translate=strength["translate"], scale=strength["scale"], shear=strength["shear"],
+            fill=fill)], p=p)),
+    AugmentationStep(
+        "perspective", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": 0.15, "strong": 0.3},  # distortion
+        build=lambda distortion, fill, p: v2.RandomPerspective(distortion, p=p, fill=fill)),
+    # Brightness and contrast.
+    AugmentationStep(
+        "color", probability={"none": 0.0, "light": 0.4, "strong": 0.7},
+        strength={"light": {"brightness": 0.3, "contrast": 0.3}, "strong": {"brightness": 0.5, "contrast": 0.5}},
+        build=lambda strength, fill, p: v2.RandomApply(
+            [v2.ColorJitter(brightness=strength["brightness"], contrast=strength["contrast"])], p=p)),
+    # Light text on dark.
+    AugmentationStep(
+        "invert", probability={"none": 0.0, "light": 0.1, "strong": 0.2},
+        build=lambda strength, fill, p: v2.RandomInvert(p=p)),
+    AugmentationStep(
+        "blur", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": (0.1, 1.0), "strong": (0.1, 1.6)},  # sigma
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianBlur(5, sigma=sigma)], p=p)),
+    AugmentationStep(
+        "noise", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        strength={"light": 0.03, "strong": 0.06},  # sigma
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p)),
+)
+PROBABILITIES = {level: {step.name: step.probability[level] for step in AUGMENTATIONS} for level in LEVELS}
 
 
 @dataclass(frozen=True)
@@ -44,26 +87,16 @@ class Augmentation:
     def from_config(cls, level: str, overrides: dict[str, float | None]) -> Augmentation | None:
         """The level's probabilities with the overrides that are set; None when every one is 0."""
         probabilities = {name: value if (value := overrides.get(name)) is not None else PROBABILITIES[level][name]
-                         for name in TRANSFORMS}
+                         for name in PROBABILITIES[level]}
         return cls(level, probabilities) if any(probabilities.values()) else None
 
     def __call__(self, pixels: Tensor, seed: int) -> Tensor:
-        strength = STRENGTHS.get(self.level, STRENGTHS["light"])
-        p = self.probabilities
         # Corners that geometry uncovers take the image's border colour: black corners would be a
         # shape the model never meets in real crops.
         border = torch.cat([pixels[:, 0], pixels[:, -1], pixels[:, :, 0], pixels[:, :, -1]], dim=1)
         fill = border.median(dim=1).values.tolist()
-        pipeline = v2.Compose([
-            v2.RandomApply([v2.RandomAffine(strength["degrees"], translate=strength["translate"], scale=strength["scale"],
-                                            shear=strength["shear"], fill=fill)], p=p["affine"]),
-            v2.RandomPerspective(strength["distortion"], p=p["perspective"], fill=fill),
-            v2.RandomApply([v2.ColorJitter(brightness=strength["brightness"], contrast=strength["contrast"])],
-                           p=p["color"]),
-            v2.RandomInvert(p=p["invert"]),
-            v2.RandomApply([v2.GaussianBlur(5, sigma=strength["sigma"])], p=p["blur"]),
-            v2.RandomApply([v2.GaussianNoise(sigma=strength["noise"])], p=p["noise"]),
-        ])
+        pipeline = v2.Compose([step.build(step.strength_at(self.level), fill, self.probabilities[step.name])
+                               for step in AUGMENTATIONS])
         # v2 draws from torch's default CPU generator: seeded here for this sample, and given back its
         # state after, so the caller's (the main process's or a worker's) random stream is untouched.
         # (The generator's own methods: torch.manual_seed would cost a millisecond of stack capture.)

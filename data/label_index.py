@@ -157,6 +157,9 @@ def refuse_without_usable_samples(report: FilterReport) -> None:
                          f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")
 
 
+INDEX_CACHE_WORDS = ("auto", "off")  # what data.index_cache takes besides a folder (index_cache_dir)
+
+
 def index_cache_dir(setting: str) -> Path | None:
     """data.index_cache's folder: `auto` is the user's cache folder ($XDG_CACHE_HOME or ~/.cache, then
     crnn-ocr/lmdb-index), `off` none, anything else the folder itself."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from data.augment import Augmentation
 from data.opencv_resize import resize_opencv_linear
+from utils.checks import not_one_of, out_of_range
 
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 WIDE_MODES = (*SIXTEEN_BIT_MODES, "I", "F")  # 32-bit integer and float: read by wide_to_8bit too
@@ -37,6 +40,15 @@ INTERPOLATIONS = {
 }
 COLORS = {"L": 1, "RGB": 3}  # Pillow's modes: "L" is ITU-R 601-2 luma (0.299 R + 0.587 G + 0.114 B)
 PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the last column
+CHOICES = {"color": COLORS, "interpolation": INTERPOLATIONS, "padding": PADDINGS}  # each field's table
+# The range of each number (lowest, highest; each value of mean and std): what the model and torchvision
+# take. NaN and infinity are refused too.
+RANGES = {"height": (1, math.inf), "width": (1, math.inf), "mean": (-1e3, 1e3), "std": (1e-6, 1e3)}
+# The run config's data.* key of each field, the one mapping both ways (Preprocessing.from_config and
+# config_values). The colour is model.in_channels, through COLORS; the padding has no key (every run's
+# is replicate).
+DATA_KEYS = {"height": "img_height", "width": "img_width", "keep_aspect": "keep_aspect",
+             "interpolation": "interpolation", "mean": "mean", "std": "std"}
 
 
 class PreprocessingError(ValueError):
@@ -62,21 +74,7 @@ class Preprocessing:
     padding: str = "replicate"
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.height < 1 or self.width < 1:
-            problems.append(f"height {self.height} and width {self.width} must be positive")
-        if self.color not in COLORS:
-            problems.append(f"color {self.color!r} is not one of {', '.join(COLORS)}")
-        if self.interpolation not in INTERPOLATIONS:
-            problems.append(f"interpolation {self.interpolation!r} is not one of {', '.join(INTERPOLATIONS)}")
-        if self.padding not in PADDINGS:
-            problems.append(f"padding {self.padding!r} is not one of {', '.join(PADDINGS)}")
-        for name in ("mean", "std"):
-            values = getattr(self, name)
-            if len(values) not in (1, self.channels):
-                problems.append(f"{name} {list(values)} needs 1 or {self.channels} values (one per channel)")
-        if any(value <= 0 for value in self.std):
-            problems.append(f"std {list(self.std)} must be positive")
+        problems = preprocessing_problems(vars(self), name=str)
         if problems:
             raise PreprocessingError("; ".join(problems))
 
@@ -86,11 +84,27 @@ class Preprocessing:
 
     @classmethod
     def from_config(cls, config: Any) -> Preprocessing:
-        """The preprocessing a run's config asks for (`data.*` and `model.in_channels`)."""
-        data = config.data
-        return cls(height=data.img_height, width=data.img_width, color="L" if config.model.in_channels == 1 else "RGB",
-                   keep_aspect=data.keep_aspect, interpolation=data.interpolation, mean=tuple(data.mean),
-                   std=tuple(data.std))
+        """The preprocessing a run's config asks for: its data.* keys (DATA_KEYS) and model.in_channels. A value
+        that cannot be applied is an error naming its key: the one check of these keys, which
+        training.config.validate runs."""
+        modes = {channels: mode for mode, channels in COLORS.items()}
+        problem = not_one_of("model.in_channels", config.model.in_channels, tuple(modes))
+        if problem:
+            raise PreprocessingError(problem)
+        values = {item.name: item.default for item in dataclasses.fields(cls)}  # padding: a run has no choice
+        values.update({field: getattr(config.data, key) for field, key in DATA_KEYS.items()})
+        values.update(color=modes[config.model.in_channels], mean=tuple(values["mean"]), std=tuple(values["std"]))
+        keys = {field: f"data.{key}" for field, key in DATA_KEYS.items()}
+        problems = preprocessing_problems(values, name=lambda field: keys.get(field, field))
+        if problems:
+            raise PreprocessingError("; ".join(problems))
+        return cls(**values)
+
+    def config_values(self) -> dict[str, Any]:
+        """The data.* keys (plain values, as in a YAML file) that from_config reads back as this
+        preprocessing, with a model.in_channels of `channels`."""
+        record = self.to_dict()
+        return {key: record[field] for field, key in DATA_KEYS.items()}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as a checkpoint or an export's metadata stores them."""
@@ -111,6 +125,24 @@ class Preprocessing:
             return cls(**values)
         except (TypeError, PreprocessingError) as error:
             raise PreprocessingError(f"{source}: its preprocessing record is not usable: {error}") from None
+
+
+def preprocessing_problems(values: dict[str, Any], name: Callable[[str], str]) -> list[str]:
+    """Why a preprocessing of these field values cannot be applied, each problem naming its field as `name`
+    says (the config key, or the field itself for a checkpoint's record); [] when it can. The one check of
+    a preprocessing, whether it comes from a run's config or from a checkpoint."""
+    problems = [not_one_of(name(field), values[field], tuple(table)) for field, table in CHOICES.items()]
+    for field, (lowest, highest) in RANGES.items():
+        value = values[field]
+        if isinstance(value, (tuple, list)):
+            problems += [out_of_range(f"{name(field)}[{i}]", item, lowest, highest) for i, item in enumerate(value)]
+        else:
+            problems.append(out_of_range(name(field), value, lowest, highest))
+    channels = COLORS.get(values["color"])
+    for field in ("mean", "std"):
+        if channels and len(values[field]) not in (1, channels):
+            problems.append(f"{name(field)}={list(values[field])}: give 1 value, or one per channel ({channels})")
+    return [problem for problem in problems if problem]
 
 
 def decode_image(image_bytes: bytes, mode: str) -> Image.Image:
@@ -249,9 +281,10 @@ def header_orientation(image: Image.Image, image_bytes: bytes) -> int:
 
 
 def build_transform(config: Any, preprocessing: Preprocessing | None = None, train: bool = False) -> ImageTransform:
-    """The one place a run's config makes a transform: `preprocessing` (default: the config's own; a
-    checkpoint's record for evaluation), with data.augment for training, or with evaluation's
-    data.eval_width_step. Validation, eval.sh and predict.py never augment."""
+    """The one place a run's config makes a transform: `preprocessing` (default: the config's own; for
+    evaluation, prediction and export the checkpoint's record, which training.checkpoint.load_model returns
+    with the checkpoint's config), with data.augment for training, or padded to data.eval_width_step.
+    Validation, eval.sh, predict.py and export.py never augment."""
     preprocessing = preprocessing or Preprocessing.from_config(config)
     if train:
         return ImageTransform(preprocessing, augmentation=Augmentation.from_config(

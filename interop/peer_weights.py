@@ -191,11 +191,9 @@ def convert_state_dict(peer: PeerFormat, state_dict: dict[str, Tensor], target: 
 
 def imported_config(peer: PeerFormat, model: dict[str, Any], alphabet: str, fold_case: bool) -> Config:
     """The config an imported checkpoint records: the source's model and preprocessing."""
-    p = peer.preprocessing
     return from_dict({
-        "data": {"alphabet": alphabet, "fold_case": fold_case, "img_height": p.height, "img_width": p.width,
-                 "keep_aspect": p.keep_aspect, "interpolation": p.interpolation, "mean": list(p.mean),
-                 "std": list(p.std), "eval_width_step": peer.eval_width_step},
+        "data": {"alphabet": alphabet, "fold_case": fold_case, **peer.preprocessing.config_values(),
+                 "eval_width_step": peer.eval_width_step},
         "model": model,
     })
 

@@ -48,6 +48,7 @@ from utils import cli
 from utils.atomic_write import write_bytes_atomically, write_text_atomically
 from training.config import ConfigFileOption, load_config
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
+from utils.precision import PRECISIONS
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
 BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_1015", "IC15_1811", "IC15_2077",
@@ -107,7 +108,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=non_negative_int, default=2, help="data-loader workers per process")
     parser.add_argument("--index-cache", default="auto", metavar="DIR|auto|off",
                         help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                         help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
     return parser.parse_args()
 

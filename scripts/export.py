@@ -77,7 +77,7 @@ from data.image_files import encoded_images
 from data.lmdb_env import lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, read_label
 from synthetic.render import build_plan, render_sample
-from data.transforms import ImageTransform, Preprocessing, image_size
+from data.transforms import ImageTransform, Preprocessing, build_transform, image_size
 from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from evaluation.metrics import METRIC_MODES, compared_form
 from models import output_frames
@@ -611,7 +611,7 @@ def export_easyocr(model: nn.Module, codec: CTCCodec, config: Config, preprocess
     # EasyOCR reads a word at its own width, however wide: so does the model here, up to 32:1 (what the
     # checkpoint's data.img_width caps in training and eval.sh, EasyOCR does not).
     uncapped = replace(preprocessing, width=max(preprocessing.width, 32 * preprocessing.height))
-    records = compare_readings(reader, model, codec, ImageTransform(uncapped, config.data.eval_width_step), images)
+    records = compare_readings(reader, model, codec, build_transform(config, uncapped), images)
     lines = agreement_lines(records)
     same = sum(record["ours"] == record["easyocr"] for record in records)
     passed = same >= EASYOCR_AGREEMENT * len(records)
@@ -648,7 +648,7 @@ def main() -> int:
 
     start = time.perf_counter()
     # Batch 2: torch.export would specialise a batch axis traced at size 1.
-    example = torch.zeros(2, *ImageTransform(preprocessing).output_shape)
+    example = torch.zeros(2, *build_transform(config, preprocessing).output_shape)
     min_width = narrowest_width(model, preprocessing)
     export(model, example, args.format, out, metadata(codec, preprocessing), min_width)
     exported = onnx_runner(out) if args.format == "onnx" else pt2_runner(out)

@@ -29,14 +29,15 @@ from PIL import UnidentifiedImageError
 from torch import Tensor
 
 from data.image_files import image_paths
-from data.transforms import ImageTransform
+from data.transforms import ImageTransform, build_transform
 from evaluation.decoders import DECODERS, Decoder, build_decoder
 from evaluation.evaluate import read_images
 from evaluation.long_crops import LongCropTransform, PiecewiseModel
 from training.checkpoint import load_model
+from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
-from training.config import Config, ConfigFileOption, load_config
+from utils.precision import PRECISIONS
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,8 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA if available), cpu, cuda:N, or another accelerator this machine has (mps)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
-    parser.add_argument("--config", action=ConfigFileOption, help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    parser.add_argument("--config", action=ConfigFileOption,
+                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                         help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
@@ -108,7 +110,7 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
     # The choice is named on stderr: stdout holds only the readings.
     precision = choose_precision(precision, device, model, inference_shape(preprocessing, batch_size), False,
                                  log=lambda line: print(line, file=sys.stderr), option="--precision")
-    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
+    transform = build_transform(config, preprocessing)
     long_crops = LongCropTransform(transform)
     inputs = long_crops if split else transform
     reader = PiecewiseModel(model, preprocessing) if split else model  # the model itself for inputs up to its width

@@ -1,20 +1,21 @@
 """Training-time augmentation: seeded per sample, off in validation, evaluation and prediction."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from data.augment import PROBABILITIES, Augmentation
+from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
 from data.samplers import GlobalBatchSampler
 from data.transforms import ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
-from training.config import ConfigError, load_config, validate
+from training.config import AugmentConfig, ConfigError, load_config, validate
 
 
 def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
@@ -29,6 +30,44 @@ def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
                               ("augment.blur=1.5", r"augment.blur=1.5: must be from 0 to 1")):
         with pytest.raises(ConfigError, match=message):
             validate(load_config("crnn.yaml", [override]))
+
+
+def test_the_augment_section_has_a_key_for_each_entry_of_the_table():
+    assert [item.name for item in dataclasses.fields(AugmentConfig)] == [step.name for step in AUGMENTATIONS]
+    assert list(PROBABILITIES) == list(LEVELS)
+
+
+@pytest.mark.slow
+def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_other_change(synth):
+    """What a fork writes: one entry in data/augment.py's table. Its `augment.<name>` key is then read,
+    checked and applied, with no line changed anywhere else."""
+    script = '''if True:
+        import pathlib, sys, types, torch
+        # The fork's data/augment.py: this one with one entry more, imported before anything reads it.
+        entry = """AUGMENTATIONS = (
+            AugmentationStep("erase", probability={"none": 0.0, "light": 0.0, "strong": 0.0},
+                             build=lambda strength, fill, p: v2.RandomErasing(p=p)),"""
+        source = pathlib.Path("data/augment.py").read_text().replace("AUGMENTATIONS = (", entry, 1)
+        sys.modules["data.augment"] = fork = types.ModuleType("data.augment")
+        exec(compile(source, "data/augment.py", "exec"), fork.__dict__)
+        from data.transforms import build_transform
+        from training.config import ConfigError, load_config, validate
+        config = load_config("crnn.yaml", ["data.augment=none", "augment.erase=1"])
+        validate(config)
+        transform = build_transform(config, train=True)
+        assert transform.augmentation.probabilities == {**fork.PROBABILITIES["none"], "erase": 1.0}
+        image = pathlib.Path(sys.argv[1]).read_bytes()
+        assert not torch.equal(transform(image, augment_seed=1), transform(image))
+        try:
+            validate(load_config("crnn.yaml", ["augment.erase=2"]))
+        except ConfigError as error:
+            print(error)
+    '''
+    image = write_images(synth, synth.parent / "erase", 1)[0]
+    result = subprocess.run([sys.executable, "-c", script, str(image)], cwd=REPO, env=run_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "augment.erase=2.0: must be from 0 to 1"
 
 
 @pytest.mark.slow

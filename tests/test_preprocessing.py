@@ -102,9 +102,28 @@ def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_f
     with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot "
                                                  r"apply: \['deskew'\]"):
         Preprocessing.from_dict({**RECORD, "deskew": True}, "fork.pt")
-    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation "
+    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation: "
                                                  "'area' is not one of"):
         Preprocessing.from_dict({**RECORD, "interpolation": "area"}, "fork.pt")
+
+
+def test_a_record_is_checked_against_the_ranges_the_config_keys_have():
+    for change, message in (({"height": 0}, r"height=0: must be at least 1"),
+                            ({"std": [0.0]}, r"std\[0\]=0.0: must be from 1e-06 to 1000"),
+                            ({"mean": [0.5, 0.5]}, r"mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)")):
+        with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing record is not usable: " + message):
+            Preprocessing.from_dict({**RECORD, **change}, "fork.pt")
+
+
+def test_config_values_are_the_keys_from_config_reads_back():
+    preprocessing = Preprocessing.from_dict({**RECORD, "color": "RGB", "keep_aspect": True, "mean": [0.4, 0.5, 0.6]},
+                                            "test")
+    values = preprocessing.config_values()
+    assert values == {"img_height": 32, "img_width": 100, "keep_aspect": True, "interpolation": "nearest",
+                      "mean": [0.4, 0.5, 0.6], "std": [0.2]}
+    config = load_config("crnn.yaml", [f"data.{key}={value}" for key, value in values.items()]
+                         + [f"model.in_channels={preprocessing.channels}"])
+    assert Preprocessing.from_config(config) == preprocessing
 
 
 def test_normalisation_maps_pixels_as_torchvision_does_and_back():

@@ -38,7 +38,7 @@ from train import build_setup, train_step, wrap_for_training
 from utils import cli
 from training.config import ConfigError, ConfigFileOption, load_config, validate
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
-from utils.precision import autocast, candidate_precisions
+from utils.precision import PRECISIONS, autocast, candidate_precisions
 
 ROUNDS = 5
 
@@ -47,7 +47,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action=ConfigFileOption, default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.num_workers=4")
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+    parser.add_argument("--precision", choices=PRECISIONS,
                         help="train.precision, measured alone (default: every candidate side by side)")
     parser.add_argument("--batch-size", type=int, help="train.batch_size: the global batch, across processes")
     parser.add_argument("--threads", type=int, help="train.threads: CPU threads per process (0: cores / processes)")

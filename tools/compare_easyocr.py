@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from data.image_files import encoded_images
-from data.transforms import ImageTransform
+from data.transforms import build_transform
 from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from training.checkpoint import load_model
 from utils import cli
@@ -48,11 +48,12 @@ def main() -> int:
     args = parse_args()
     torch.set_grad_enabled(False)
     model, codec, config, preprocessing = load_model(args.checkpoint, "cpu")
-    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
+    transform = build_transform(config, preprocessing)
     images = encoded_images(args.inputs, args.limit)
     reader = easyocr_reader(args.easyocr_weights, args.easyocr_export, args.quantize)
     records = compare_readings(reader, model, codec, transform, images, args.contrast_pass)
-    print(f"EasyOCR: quantize {'on' if args.quantize else 'off'}, contrast pass {'on' if args.contrast_pass else 'off'}")
+    print(f"EasyOCR: quantize {'on' if args.quantize else 'off'}, "
+          f"contrast pass {'on' if args.contrast_pass else 'off'}")
     print("\n".join(agreement_lines(records)))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -143,11 +143,9 @@ def read_preprocessing(checkpoint: dict[str, Any], source: str) -> Preprocessing
     """The checkpoint's own record; one written before records existed gets the constants of that time."""
     if "preprocessing" in checkpoint:
         return Preprocessing.from_dict(checkpoint["preprocessing"], source)
-    data, model = checkpoint["config"]["data"], checkpoint["config"].get("model", {})
-    return Preprocessing(height=data["img_height"], width=data["img_width"],
-                         color="L" if model.get("in_channels", 1) == 1 else "RGB",
-                         keep_aspect=data.get("keep_aspect", False), interpolation=LEGACY["interpolation"],
-                         mean=tuple(LEGACY["mean"]), std=tuple(LEGACY["std"]), padding=LEGACY["padding"])
+    # Its config's size, colour and keep_aspect, read as a run's config is read (Preprocessing.from_config).
+    config_record = Preprocessing.from_config(from_dict(checkpoint["config"])).to_dict()
+    return Preprocessing.from_dict({**config_record, **LEGACY}, source)
 
 
 def check_checkpoint_path(path: str | Path) -> Path:

@@ -28,11 +28,15 @@ from typing import Any
 import yaml
 
 from data.alphabet import load_alphabet
-from data.augment import LEVELS
+from data.augment import AUGMENTATIONS, LEVELS
 from data.codec import CTCCodec
+from data.label_index import INDEX_CACHE_WORDS
 from data.lmdb_dataset import UNKNOWN_CHARACTERS
-from data.transforms import INTERPOLATIONS
+from data.transforms import Preprocessing, PreprocessingError
 from models import check_model_config
+from training.optim import OPTIMIZERS, SCHEDULES
+from utils.checks import not_one_of, out_of_range
+from utils.precision import PRECISIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -40,6 +44,7 @@ RESUMABLE = "may_change_on_resume"
 BOUND_TO = "a_checkpoint_loaded_into_a_run_needs_the_same_value"
 OTHER_KEYS = "takes_the_section's_other_keys"
 PATH = "is_a_path"  # a file or folder: `~` is expanded, and an empty value is refused
+RESUME_WORDS = ("auto", "none")  # what train.resume takes besides a checkpoint's path
 
 
 def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -77,11 +82,12 @@ class DataConfig:
     # A training label with characters outside the alphabet ("$10", "Direction?"): drop the sample, or
     # remove those characters and train on the rest, as the benchmarks' protocol scores them (real data
     # is full of punctuation a 36-character model cannot emit). Validation then scores them that way too.
+    # One of data/lmdb_dataset.py's UNKNOWN_CHARACTERS.
     unknown_characters: str = "drop"
     img_height: int = bound_to("model", 32)
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
-    # resize filter: nearest | bilinear | bicubic | lanczos | box | hamming (Pillow) or opencv_linear (cv2.resize)
+    # The resize filter: one of data/transforms.py's INTERPOLATIONS (Pillow's, and cv2.resize's opencv_linear).
     interpolation: str = "bilinear"
     # Normalisation, torchvision's (pixels / 255 - mean) / std: one value for every channel or one per
     # channel. 0.5 and 0.5 map pixels to [-1, 1]. Stored with the rest of the preprocessing in every
@@ -92,19 +98,19 @@ class DataConfig:
     # and batches images of equal width (faster, same results for any batching); 0: pad to img_width.
     eval_width_step: int = resumable(8)
     num_workers: int = resumable(2)  # data-loader worker processes per training process
-    # Training-time augmentation (data/augment.py): none | light | strong; the `augment` section
-    # overrides single probabilities. Never applied in validation, evaluation or prediction.
+    # Training-time augmentation: a level of data/augment.py's LEVELS; the `augment` section overrides
+    # single probabilities. Never applied in validation, evaluation or prediction.
     augment: str = "light"
     # Where the usable-sample index of each LMDB is cached (data/label_index.py), so that a restart
     # need not read every label again (~40 s for 14.4 M): auto ($XDG_CACHE_HOME or ~/.cache, then
     # crnn-ocr/lmdb-index), a folder, or off. Never the dataset's own folder; safe to delete any time.
-    index_cache: str = path_field("auto", may_change=True, words=("auto", "off"))
+    index_cache: str = path_field("auto", may_change=True, words=INDEX_CACHE_WORDS)
 
 
 @dataclass
 class ModelConfig:
     arch: str = bound_to("model", "crnn")  # an architecture registered in models/ (models.register_model)
-    in_channels: int = bound_to("model", 1)  # 1: grayscale, 3: RGB
+    in_channels: int = bound_to("model", 1)  # 1: grayscale, 3: RGB (data/transforms.py's COLORS)
     hidden_size: int = bound_to("model", 256)
     # BatchNorm statistics over the global batch instead of each process's slice: a run on N
     # processes then computes what one process would with the same global batch. Costs two small
@@ -118,11 +124,11 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = bound_to("optimizer", "adam")  # adam | adadelta
+    name: str = bound_to("optimizer", "adam")  # an entry of training/optim.py's OPTIMIZERS
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 100
-    schedule: str = "cosine"  # cosine | constant (after warm-up)
+    schedule: str = "cosine"  # after the warm-up: an entry of training/optim.py's SCHEDULES
     min_lr_ratio: float = 0.05  # the cosine schedule ends at lr * min_lr_ratio
     grad_clip: float = 5.0  # max global gradient norm; 0 disables clipping
     # Validate and save an exponential moving average of the weights with this decay per step; 0: off
@@ -138,7 +144,7 @@ class TrainConfig:
     eval_batch_size: int = resumable(128)  # global, like batch_size
     out_dir: str = path_field("runs/crnn", may_change=True)
     seed: int = 0
-    precision: str = resumable("auto")  # auto | fp32 | bf16 | fp16 (fp16 on CUDA only)
+    precision: str = resumable("auto")  # one of utils/precision.py's PRECISIONS (fp16 on CUDA only)
     channels_last: bool = resumable(True)
     # torch.compile the training step's model (the first steps then take minutes to compile). It
     # speeds up GPUs; on a CPU the step is the convolutions' own time and it gained nothing (docs/performance.md).
@@ -149,23 +155,19 @@ class TrainConfig:
     keep_checkpoints: int = resumable(3)  # the newest K numbered checkpoints are kept; best.pt is kept apart
     # auto: continue from the newest valid checkpoint in out_dir, if any; none: start afresh;
     # or the path of a checkpoint to continue from (model, optimizer, scheduler, data position, RNG).
-    resume: str = path_field("auto", may_change=True, words=("auto", "none"))
+    resume: str = path_field("auto", may_change=True, words=RESUME_WORDS)
     overwrite: bool = resumable(False)  # start afresh in an out_dir that holds another run, deleting its checkpoints
     # a checkpoint whose weights start this run (its optimizer is not used); empty: none
     init_from: str = path_field("", may_change=True, words=("",))
     max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
 
 
-@dataclass
-class AugmentConfig:
-    """Probabilities (0 to 1) that override data.augment's level, one transform each; null: the level's."""
-
-    affine: float | None = None  # a small rotation, shear, scale and shift
-    perspective: float | None = None
-    color: float | None = None  # brightness and contrast
-    invert: float | None = None  # light text on dark
-    blur: float | None = None
-    noise: float | None = None
+# The `augment` section: a key per entry of data/augment.py's AUGMENTATIONS, a probability (0 to 1) that
+# overrides data.augment's level for that transform; null: the level's. Made from the table, so that an
+# augmentation a fork adds there is a key here without a line in this file.
+AugmentConfig = dataclasses.make_dataclass("AugmentConfig", [(step.name, float | None, field(default=None))
+                                                             for step in AUGMENTATIONS])
+AugmentConfig.__module__ = __name__  # where pickle looks for it (make_dataclass would say `types`)
 
 
 @dataclass
@@ -511,71 +513,16 @@ def expand_paths(config: Config) -> None:
 
 def validate(config: Config) -> None:
     """Checks that need no processes (the alphabet file is the one file read): wrong choices and keys that
-    contradict each other fail before anything starts."""
-    choices = {
-        "optim.name": (config.optim.name, ("adam", "adadelta")),
-        "optim.schedule": (config.optim.schedule, ("cosine", "constant")),
-        "train.precision": (config.train.precision, ("auto", "fp32", "bf16", "fp16")),
-        "model.in_channels": (config.model.in_channels, (1, 3)),
-        "data.interpolation": (config.data.interpolation, tuple(INTERPOLATIONS)),
-        "data.augment": (config.data.augment, LEVELS),
-        "data.unknown_characters": (config.data.unknown_characters, UNKNOWN_CHARACTERS),
-    }
-    for key, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
-    # (value, lowest, highest) of every number: checked here, where the config is read, not deep in
-    # PyTorch. NaN fails every comparison, so it is refused too.
-    ranges: dict[str, tuple[float, float, float]] = {
-        "train.batch_size": (config.train.batch_size, 1, math.inf),
-        "train.max_steps": (config.train.max_steps, 1, math.inf),
-        "train.eval_every": (config.train.eval_every, 1, math.inf),
-        "train.log_every": (config.train.log_every, 1, math.inf),
-        "train.eval_batch_size": (config.train.eval_batch_size, 1, math.inf),
-        "train.save_every": (config.train.save_every, 1, math.inf),
-        "train.keep_checkpoints": (config.train.keep_checkpoints, 1, math.inf),
-        "train.max_nonfinite_steps": (config.train.max_nonfinite_steps, 1, math.inf),
-        "train.seed": (config.train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
-        "train.threads": (config.train.threads, 0, math.inf),
-        "data.img_height": (config.data.img_height, 1, math.inf),  # what the model reads: train.py's output_frames
-        "data.img_width": (config.data.img_width, 1, math.inf),
-        "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
-        "data.num_workers": (config.data.num_workers, 0, math.inf),
-        "model.hidden_size": (config.model.hidden_size, 1, math.inf),
-        "optim.lr": (config.optim.lr, 1e-12, math.inf),
-        "optim.weight_decay": (config.optim.weight_decay, 0, 1e3),
-        "optim.warmup_steps": (config.optim.warmup_steps, 0, math.inf),
-        "optim.min_lr_ratio": (config.optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
-        "optim.grad_clip": (config.optim.grad_clip, 0, math.inf),
-        "optim.ema_decay": (config.optim.ema_decay, 0, math.inf),
-    }
-    ranges.update({f"data.mean[{i}]": (value, -1e3, 1e3) for i, value in enumerate(config.data.mean)})
-    ranges.update({f"data.std[{i}]": (value, 1e-6, 1e3) for i, value in enumerate(config.data.std)})
-    ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
-    ranges.update({f"augment.{name}": (value, 0, 1) for name, value in dataclasses.asdict(config.augment).items()
-                   if value is not None})
-    for key, (value, lowest, highest) in ranges.items():
-        if not (lowest <= value <= highest and math.isfinite(value)):
-            bounds = f"at least {lowest:g}" if highest == math.inf else f"from {lowest:g} to {highest:g}"
-            raise ConfigError(f"{key}={value}: must be {'a finite number, ' if not math.isfinite(value) else ''}{bounds}")
-    for key, values in (("data.mean", config.data.mean), ("data.std", config.data.std)):
-        if len(values) not in (1, config.model.in_channels):
-            raise ConfigError(f"{key}={values}: give 1 value, or one per channel ({config.model.in_channels})")
-    if config.optim.ema_decay >= 1:  # the range check above has seen it is at least 0
-        raise ConfigError(f"optim.ema_decay={config.optim.ema_decay}: must be below 1 (the average would never "
-                          f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps")
-    if not config.data.train:
-        raise ConfigError("data.train is empty: list at least one LMDB folder")
-    if not config.data.val:  # best.pt would hold the weights of the first validation, of nothing, forever
-        raise ConfigError("data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
-                          "checkpoint that scores best there (a held-out part of the training data will do)")
-    for key, roots in (("data.train", config.data.train), ("data.val", config.data.val)):
-        check_listed_once(key, roots)
-    ratios = config.data.train_ratios
-    if ratios and (len(ratios) != len(config.data.train) or sum(ratios) <= 0):  # each >= 0: the table above
-        raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
-                          f"({len(config.data.train)}), not all 0")
-    if config.train.resume not in ("auto", "none") and config.train.init_from:
+    contradict each other fail before anything starts. Each part checks one kind of thing; the first
+    problem found is the error."""
+    check_choices(config)
+    check_ranges(config)
+    try:  # the preprocessing's keys are checked by the one check of a preprocessing, which names them
+        Preprocessing.from_config(config)
+    except PreprocessingError as error:
+        raise ConfigError(str(error)) from None
+    check_datasets(config)
+    if config.train.resume not in RESUME_WORDS and config.train.init_from:
         raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
                           " init_from starts one; keep one of them")
     check_case_folding(config)
@@ -583,6 +530,74 @@ def validate(config: Config) -> None:
         check_model_config(config.model)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def check_choices(config: Config) -> None:
+    """Each key that names an entry of a table, against the table of the module that makes the choice."""
+    choices = {
+        "optim.name": (config.optim.name, tuple(OPTIMIZERS)),
+        "optim.schedule": (config.optim.schedule, tuple(SCHEDULES)),
+        "train.precision": (config.train.precision, PRECISIONS),
+        "data.augment": (config.data.augment, LEVELS),
+        "data.unknown_characters": (config.data.unknown_characters, UNKNOWN_CHARACTERS),
+    }
+    for key, (value, allowed) in choices.items():
+        problem = not_one_of(key, value, allowed)
+        if problem:
+            raise ConfigError(problem)
+
+
+def check_ranges(config: Config) -> None:
+    """Every number outside the preprocessing (data.transforms checks those), against its range: here, where
+    the config is read, not deep in PyTorch. NaN fails every comparison, so it is refused too."""
+    train, optim = config.train, config.optim
+    ranges: dict[str, tuple[float, float, float]] = {  # (value, lowest, highest)
+        "train.batch_size": (train.batch_size, 1, math.inf),
+        "train.max_steps": (train.max_steps, 1, math.inf),
+        "train.eval_every": (train.eval_every, 1, math.inf),
+        "train.log_every": (train.log_every, 1, math.inf),
+        "train.eval_batch_size": (train.eval_batch_size, 1, math.inf),
+        "train.save_every": (train.save_every, 1, math.inf),
+        "train.keep_checkpoints": (train.keep_checkpoints, 1, math.inf),
+        "train.max_nonfinite_steps": (train.max_nonfinite_steps, 1, math.inf),
+        "train.seed": (train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
+        "train.threads": (train.threads, 0, math.inf),
+        "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
+        "data.num_workers": (config.data.num_workers, 0, math.inf),
+        "model.hidden_size": (config.model.hidden_size, 1, math.inf),
+        "optim.lr": (optim.lr, 1e-12, math.inf),
+        "optim.weight_decay": (optim.weight_decay, 0, 1e3),
+        "optim.warmup_steps": (optim.warmup_steps, 0, math.inf),
+        "optim.min_lr_ratio": (optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
+        "optim.grad_clip": (optim.grad_clip, 0, math.inf),
+        "optim.ema_decay": (optim.ema_decay, 0, math.inf),
+    }
+    ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
+    ranges.update({f"augment.{name}": (value, 0, 1) for name, value in dataclasses.asdict(config.augment).items()
+                   if value is not None})
+    for key, (value, lowest, highest) in ranges.items():
+        problem = out_of_range(key, value, lowest, highest)
+        if problem:
+            raise ConfigError(problem)
+    if optim.ema_decay >= 1:  # the range check above has seen it is at least 0
+        raise ConfigError(f"optim.ema_decay={optim.ema_decay}: must be below 1 (the average would never "
+                          f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps")
+
+
+def check_datasets(config: Config) -> None:
+    """data.train and data.val each list LMDBs, each once; data.train_ratios gives one share per entry."""
+    data = config.data
+    if not data.train:
+        raise ConfigError("data.train is empty: list at least one LMDB folder")
+    if not data.val:  # best.pt would hold the weights of the first validation, of nothing, forever
+        raise ConfigError("data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
+                          "checkpoint that scores best there (a held-out part of the training data will do)")
+    for key, roots in (("data.train", data.train), ("data.val", data.val)):
+        check_listed_once(key, roots)
+    ratios = data.train_ratios
+    if ratios and (len(ratios) != len(data.train) or sum(ratios) <= 0):  # each >= 0: check_ranges
+        raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
+                          f"({len(data.train)}), not all 0")
 
 
 def config_warnings(config: Config) -> list[str]:

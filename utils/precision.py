@@ -25,6 +25,8 @@ from utils.cache_home import cache_home
 # _is_mkldnn_bf16_supported says so), but emulates it there: 3.3x slower than fp32 on an Ice Lake Xeon.
 # Having them is no promise either (see the docstring): `auto` measures; the flags only say what a CPU is.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# What train.precision and the commands' --precision take: `auto` chooses among the others (resolve_precision).
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def cpu_info() -> str:
