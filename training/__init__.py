@@ -1,3 +1,4 @@
-"""A training run's state and files: the checkpoint schema (checkpoint.py), the run folder
-(run_folder.py), the log's sinks (run_log.py) and its numbers summed over ranks (log_window.py),
-and the state the loop changes (state.py); its optimizers and schedules (optim.py). The loop itself is train.py."""
+"""A training run: its schema (config.py: every key, its default and its range), its optimizers and
+schedules (optim.py), the checkpoint schema (checkpoint.py), the run folder (run_folder.py), the log's
+sinks (run_log.py) and its numbers summed over ranks (log_window.py), and the state the loop changes
+(state.py). The loop itself is train.py."""
