@@ -171,7 +171,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     # unpickler and be called unsafe, or worse, when it is only another kind of file (a data.mdb, an image).
     if not header.startswith((b"PK\x03\x04", b"\x80")):
         what = "an empty file" if not header else "neither a zip archive nor a pickle"
-        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or torch.save")
+        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or "
+                         f"torch.save")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -248,33 +249,55 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
     classifier = classifier_keys(target, len(alphabet) + 1)
     loaded = {key: value for key, value in source.items()
               if key in target and target[key].shape == value.shape and key not in classifier}
-    lines = []
-    old_alphabet = checkpoint.get("alphabet")
-    if classifier and not old_alphabet:
-        lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
-                     f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
-                     f"scripts/import_weights.py, which records its characters)")
-    elif classifier:
-        old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
-        mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
-        fits = all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
-                   for key in classifier)
-        if fits:
-            for key in classifier:
-                mapped = target[key].clone()
-                for new, old in mapping:
-                    mapped[new] = source[key][old]
-                loaded[key] = mapped
-            moved = sum(new != old for new, old in mapping)
-            dropped = len(old_alphabet) - (len(mapping) - 1)
-            lines.append(f"  classifier ({', '.join(classifier)}): rows matched by character: "
-                         f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
-                         f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
-                         + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
-                            if dropped else ""))
-        else:
-            lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
-                         f"alphabet of {len(old_alphabet)} characters")
+    notes = []
+    if classifier:
+        rows, note = classifier_rows_by_character(source, target, classifier, checkpoint.get("alphabet"), alphabet)
+        loaded.update(rows)
+        notes.append(note)
+    check_backbone_fits(target, loaded, classifier, path)
+    unexpected = sorted(key for key in source if key not in target)
+    model.load_state_dict(loaded, strict=False)
+    if unexpected:
+        notes.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
+    if changes:
+        notes.append(f"  this run's config, not the checkpoint's: {'; '.join(changes)}")
+    return "\n".join([f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors", *notes])
+
+
+def classifier_rows_by_character(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+                                 classifier: list[str], old_alphabet: str | None, alphabet: str
+                                 ) -> tuple[dict[str, torch.Tensor], str]:
+    """The classifier's tensors for `alphabet`, with each row of a character the checkpoint's
+    `old_alphabet` shares copied to its new place (the blank's stays first), and the report's line on
+    them. Nothing to load when the rows cannot be matched: the classifier then keeps its fresh start."""
+    if not old_alphabet:
+        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
+                    f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
+                    f"scripts/import_weights.py, which records its characters)")
+    if not all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
+               for key in classifier):
+        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
+                    f"alphabet of {len(old_alphabet)} characters")
+    old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
+    mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
+    mapped = {}
+    for key in classifier:
+        mapped[key] = target[key].clone()
+        for new, old in mapping:
+            mapped[key][new] = source[key][old]
+    moved = sum(new != old for new, old in mapping)
+    dropped = len(old_alphabet) - (len(mapping) - 1)
+    return mapped, (f"  classifier ({', '.join(classifier)}): rows matched by character: "
+                    f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
+                    f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
+                    + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
+                       if dropped else ""))
+
+
+def check_backbone_fits(target: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor], classifier: list[str],
+                        path: str | Path) -> None:
+    """Every tensor outside the classifier must load: a backbone that does not fit would train from
+    scratch under a name that says otherwise."""
     fresh = sorted(key for key in target if key not in loaded and key not in classifier
                    and not key.endswith("num_batches_tracked"))  # a counter BatchNorm keeps, not a weight
     if fresh:
@@ -283,11 +306,3 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
             f"the classifier are missing from it or of another shape ({', '.join(fresh[:4])}"
             f"{', ...' if len(fresh) > 4 else ''}): it was made for another architecture; set model.* as it was "
             f"trained, or start without train.init_from")
-    unexpected = sorted(key for key in source if key not in target)
-    model.load_state_dict(loaded, strict=False)
-    lines.insert(0, f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors")
-    if unexpected:
-        lines.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
-    if changes:
-        lines.append(f"  this run's config, not the checkpoint's: {'; '.join(changes)}")
-    return "\n".join(lines)
