@@ -150,8 +150,8 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int, compare: bool) -> d
     forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)
 
     def step_on(batch, precision: str) -> int:
-        train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format,
-                   setup.average)
+        train_step(model, batch, optimizer=optimizer, scaler=scaler, grad_clip=config.optim.grad_clip,
+                   device=env.device, precision=precision, memory_format=memory_format, average=setup.average)
         scheduler.step()
         return len(batch.labels)
 

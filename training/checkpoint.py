@@ -1,5 +1,6 @@
-"""The checkpoint schema, the one place it is written and read: atomic writes, weights-only reads,
-no wrapper prefixes.
+"""The checkpoint schema, listed here once: atomic writes, weights-only reads, no wrapper prefixes. The
+weights are written by weights_checkpoint; the training part by training/run.py's Run.state_dict(),
+which its load_state_dict() reads back.
 
 A checkpoint is a dict of tensors and plain Python values, read on any device with
 `torch.load(path, weights_only=True)`:
@@ -32,9 +33,8 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.transforms import Preprocessing
 from models import model_from_config
-from training.weight_average import WeightAverage
-from utils.atomic_write import write_atomically
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
+from utils.atomic_write import write_atomically
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.
@@ -59,7 +59,7 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
     write_atomically(path, lambda file: torch.save(checkpoint, file))
 
 
-def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, step: int,
+def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, *, step: int,
                        accuracy: float | None, world_size: int, precision: str = "fp32") -> dict[str, Any]:
     """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
     what the run trained in (train.precision, with `auto` resolved)."""
@@ -67,22 +67,6 @@ def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preproce
             "config": to_dict(config), "alphabet": alphabet, "preprocessing": preprocessing.to_dict(),
             "world_size": world_size, "precision": precision,
             "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
-
-
-def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimizer,
-                        scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
-                        best_accuracy: float, log_window: dict[str, Any], rng: list[dict[str, Any]],
-                        data_sizes: list[int], average: WeightAverage | None = None,
-                        raw_model: nn.Module | None = None) -> dict[str, Any]:
-    """`weights` plus everything an exact resume needs. With a weight `average`, `weights` hold the
-    average, and `raw_model` (then required) is the model the optimizer steps. `best_accuracy` was
-    measured on the config's data.val: a resumed run that validates on other sets starts it afresh."""
-    checkpoint = {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                  "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
-                  "data_sizes": data_sizes}
-    if average is not None:
-        checkpoint.update(raw_model=raw_model.state_dict(), average_updates=average.updates)
-    return checkpoint
 
 
 def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, option: str) -> list[str]:
@@ -107,36 +91,6 @@ def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, o
 
 def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
     return "optimizer" in checkpoint
-
-
-def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler,
-                     alphabet: str, average: WeightAverage | None = None) -> None:
-    """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume), and the
-    weight average when the run keeps one. A checkpoint written without an average starts one there."""
-    if not is_training_checkpoint(checkpoint):
-        raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
-                         f"last.pt, or start from these weights with train.init_from")
-    if checkpoint.get("alphabet") != alphabet:
-        raise ValueError(f"train.resume: {path} was trained with another alphabet ({len(checkpoint.get('alphabet') or '')}"
-                         f" characters; data.alphabet has {len(alphabet)}, or another order). To train on "
-                         f"these characters, start a new run from its weights: train.init_from={path}")
-    averaged = "raw_model" in checkpoint
-    model.load_state_dict(checkpoint["raw_model"] if averaged else checkpoint["model"], strict=True)
-    if average is not None and averaged:
-        average.load(checkpoint["model"], checkpoint["average_updates"])
-    # The state (moments, the step count) comes from the checkpoint, the hyperparameters from this run's
-    # config: optim.lr or optim.weight_decay changed on resume apply, as the log says they do.
-    hyperparameters = [{key: value for key, value in group.items() if key != "params"}
-                       for group in optimizer.param_groups]
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    for group, values in zip(optimizer.param_groups, hyperparameters):
-        group.update(values)
-    scheduler.load_state_dict(checkpoint["scheduler"])  # its position; the schedule is this run's (LambdaLR)
-    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
-    scaler.load_state_dict(checkpoint["scaler"])
 
 
 def read_preprocessing(checkpoint: dict[str, Any], source: str) -> Preprocessing:
