@@ -192,7 +192,13 @@ def parse_args() -> argparse.Namespace:
 
 def read_config() -> Config:
     args = parse_args()
-    config = load_config(args.config, args.overrides)
+    return load_run_config(args.config, args.overrides)
+
+
+def load_run_config(config_file: str | None, overrides: list[str]) -> Config:
+    """The config validated, and its global batches checked against the number of processes torchrun
+    started: the checks of every command that runs the training step (tools/benchmark.py too)."""
+    config = load_config(config_file, overrides)
     validate(config)
     world_size = read_env()[2]
     # Checked before any process group exists, so every rank stops with this message instead of hanging.
