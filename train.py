@@ -295,9 +295,9 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
     if precision == "auto" and recorded_precision:
         log(f"precision auto: {recorded_precision}, as the run measured it at its start")
         precision = recorded_precision
-    precision = choose_precision(precision, env.device, model, (config.train.batch_size // env.world_size,
-                                 config.model.in_channels, data.img_height, data.img_width), True, memory_format, log,
-                                 env.is_main, env.cpu_group)
+    input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
+    precision = choose_precision(precision, env.device, model, input_shape, training=True, memory_format=memory_format,
+                                 log=log, is_main=env.is_main, group=env.cpu_group)
     optimizer, scheduler = build_optimizer(config, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
