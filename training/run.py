@@ -21,7 +21,9 @@ class Run:
     """A training run: its config, its processes, what it trains with and how far its loop has come.
 
     The training part of the checkpoint schema (training/checkpoint.py lists every key) is written by
-    `state_dict()` and read back by `load_state_dict()`, so saving and resuming cannot drift apart.
+    `state_dict()` and restored by `load_state_dict()`, side by side so that they cannot drift apart.
+    What a resume only compares with this run (config, data sizes) and the RNG states, restored last,
+    are train.py's.
     """
 
     config: Config
