@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +28,48 @@ from data.codec import CTCCodec
 from data.label_index import index_cache_dir
 from data.lmdb_dataset import Batch, LmdbDataset
 from data.loaders import build_eval_loader, build_train_loader
-from data.samplers import GlobalBatchSampler
-from data.transforms import Preprocessing, build_transform
+from data.transforms import build_transform
 from evaluation.evaluate import decode_samples, evaluate
 from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
 from models import count_parameters, model_from_config, output_frames
 from models.losses import ctc_losses
-from training.checkpoint import (check_config, load_checkpoint, load_initial_weights, restore_training,
-                                 save_checkpoint, training_checkpoint, weights_checkpoint)
+from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
+from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from training.log_window import LogWindow
 from training.optim import build_optimizer
 from training.precision_choice import choose_precision
-from training.run_folder import (RunFolderLock, best_in_folder, check_run_folder, checkpoint_path, clear_run_folder,
-                                 find_latest_checkpoint, lock_run_folder, point_last_at, prepare_run_folder,
-                                 prune_checkpoints, unlock_run_folder, write_config)
+from training.run import Run
+from training.run_folder import (
+    RunFolderLock,
+    best_in_folder,
+    check_run_folder,
+    checkpoint_path,
+    clear_run_folder,
+    find_latest_checkpoint,
+    lock_run_folder,
+    point_last_at,
+    prepare_run_folder,
+    prune_checkpoints,
+    unlock_run_folder,
+    write_config,
+)
 from training.run_log import RunLog
+from training.setup import Setup
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
-from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
-from utils.distributed import (DistEnv, broadcast_buffers, broadcast_object, cleanup_distributed, gather_objects,
-                               read_env, setup_distributed)
+from utils.distributed import (
+    DistEnv,
+    broadcast_buffers,
+    broadcast_object,
+    cleanup_distributed,
+    read_env,
+    setup_distributed,
+)
 from utils.precision import autocast
 from utils.preemption import StopRequested, StopSignal
-from utils.rng import capture_rng_state, restore_rng_state
+from utils.rng import restore_rng_state
 from utils.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -84,29 +100,29 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
         log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
         setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
-        state = TrainState(window=LogWindow(env.device))
+        run = Run(config=config, env=env, setup=setup, state=TrainState(window=LogWindow(env.device)))
         if resume_from:
-            resume(config, env, setup, state, log, *resume_from)
+            resume(run, log, *resume_from)
         elif config.train.init_from:
             log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet, config))
         if not config.train.overwrite:
-            keep_best_of_folder(config, env, state, log)
+            keep_best_of_folder(run, log)
         start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
-        val_loaders = build_val_loaders(config, setup, env, log)
+        val_loaders = build_val_loaders(run, log)
         model = wrap_for_training(setup.model, env, config.train.compile)
-        describe_run(config, env, setup, log)
+        describe_run(run, log)
         if resume_from:  # last: model building and data loading above draw random numbers too
             restore_random_state(resume_from[1]["rng"], env, log)
         stop.defer(env.cpu_group)
         try:
-            train_loop(config, env, setup, model, val_loaders, state, log, stop)
+            train_loop(run, model, val_loaders, log, stop)
         finally:
             log.close()  # flushes TensorBoard, also when stopped by a signal
     finally:
         if lock is not None:
             unlock_run_folder(lock)
-    best = f"{state.best_accuracy:.4f}" if state.best_accuracy >= 0 else "none yet"
-    log.info(f"done: step {state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
+    best = f"{run.state.best_accuracy:.4f}" if run.state.best_accuracy >= 0 else "none yet"
+    log.info(f"done: step {run.state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
              f"{config.train.out_dir}")
 
 
@@ -129,31 +145,32 @@ def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> RunFolderLock 
     return lock
 
 
-def train_loop(config: Config, env: DistEnv, setup: Setup, model: nn.Module, val_loaders: list[DataLoader],
-               state: TrainState, log: RunLog, stop: StopSignal) -> None:
+def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: RunLog, stop: StopSignal) -> None:
     """Steps until train.max_steps: log, validate and save on their schedules; stop at a signal."""
-    train = config.train
+    train, setup, state = run.config.train, run.setup, run.state
     model.train()
     log.start_progress(total=train.max_steps, initial=state.step)
     setup.sampler.set_steps(state.step, train.max_steps)  # the batches depend on the step alone
     for batch in setup.loader:
-        loss, infinite, taken = train_step(model, batch, setup.optimizer, setup.scaler, config.optim.grad_clip,
-                                           env.device, setup.precision, setup.memory_format, setup.average)
+        loss, infinite, taken = train_step(model, batch, optimizer=setup.optimizer, scaler=setup.scaler,
+                                           grad_clip=run.config.optim.grad_clip, device=run.env.device,
+                                           precision=setup.precision, memory_format=setup.memory_format,
+                                           average=setup.average)
         setup.scheduler.step()
         state.step += 1
         state.window.add(loss if taken else None, infinite, batch.num_dropped, len(batch.labels))
-        check_skipped(config, state, taken, log)
+        check_skipped(run, taken, log)
         last = state.step == train.max_steps
         if state.step % train.log_every == 0 or last:
-            log_training(config, env, setup, state, log)
+            log_training(run, log)
         else:
             log.advance()
         if state.step % train.eval_every == 0 or last:
-            validate_and_keep_best(config, env, setup, val_loaders, state, log)
+            validate_and_keep_best(run, val_loaders, log)
             state.window.restart_clock()
         signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
         if signum or state.step % train.save_every == 0 or last:
-            saved = save_training_checkpoint(config, env, setup, state)
+            saved = save_training_checkpoint(run)
             state.window.restart_clock()
             if signum:
                 raise StopRequested(signum, state.step, str(saved))
@@ -175,7 +192,13 @@ def parse_args() -> argparse.Namespace:
 
 def read_config() -> Config:
     args = parse_args()
-    config = load_config(args.config, args.overrides)
+    return load_run_config(args.config, args.overrides)
+
+
+def load_run_config(config_file: str | None, overrides: list[str]) -> Config:
+    """The config validated, and its global batches checked against the number of processes torchrun
+    started: the checks of every command that runs the training step (tools/benchmark.py too)."""
+    config = load_config(config_file, overrides)
     validate(config)
     world_size = read_env()[2]
     # Checked before any process group exists, so every rank stops with this message instead of hanging.
@@ -185,7 +208,7 @@ def read_config() -> Config:
     return config
 
 
-def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+def train_step(model: nn.Module, batch: Batch, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                grad_clip: float, device: torch.device, precision: str, memory_format: torch.memory_format,
                average: WeightAverage | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One optimizer step, and the weight average's when there is one. Returns the loss and the count
@@ -222,31 +245,6 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     return loss, infinite, taken
 
 
-@dataclass
-class Setup:
-    """What a run trains with, built from its config: shared by train() and tools/benchmark.py."""
-
-    codec: CTCCodec
-    preprocessing: Preprocessing  # what turns an image into the model's input; stored in every checkpoint
-    model: nn.Module  # on the device, not wrapped: the one the optimizer steps
-    frames: int  # per image: the longest label CTC can align
-    train_sets: list[LmdbDataset]
-    val_sets: list[LmdbDataset]
-    loader: DataLoader
-    sampler: GlobalBatchSampler
-    precision: str
-    memory_format: torch.memory_format
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    average: WeightAverage | None  # optim.ema_decay > 0: the moving average of model's weights
-
-    @property
-    def evaluated_model(self) -> nn.Module:
-        """What validation scores and checkpoints hold: the weight average when the run keeps one."""
-        return self.average.model if self.average is not None else self.model
-
-
 def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print,
                 recorded_precision: str | None = None) -> Setup:
     """Everything the run trains with. `recorded_precision`: the one a resumed run measured at its start,
@@ -276,15 +274,16 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
     if precision == "auto" and recorded_precision:
         log(f"precision auto: {recorded_precision}, as the run measured it at its start")
         precision = recorded_precision
-    precision = choose_precision(precision, env.device, model, (config.train.batch_size // env.world_size,
-                                 config.model.in_channels, data.img_height, data.img_width), True, memory_format, log,
-                                 env.is_main, env.cpu_group)
+    input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
+    precision = choose_precision(precision, env.device, model, input_shape, training=True, memory_format=memory_format,
+                                 log=log, is_main=env.is_main, group=env.cpu_group)
     optimizer, scheduler = build_optimizer(config, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
     average = WeightAverage(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
-    return Setup(codec, val_transform.preprocessing, model, frames, train_sets, val_sets, loader, sampler, precision,
-                 memory_format, optimizer, scheduler, scaler, average)
+    return Setup(codec=codec, preprocessing=val_transform.preprocessing, model=model, frames=frames,
+                 train_sets=train_sets, val_sets=val_sets, loader=loader, sampler=sampler, precision=precision,
+                 memory_format=memory_format, optimizer=optimizer, scheduler=scheduler, scaler=scaler, average=average)
 
 
 def wrap_for_training(model: nn.Module, env: DistEnv, compile: bool) -> nn.Module:
@@ -330,7 +329,8 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tup
         log.start_tensorboard(first_step=resumed_step + 1 if resume_from else 0)
 
 
-def build_val_loaders(config: Config, setup: Setup, env: DistEnv, log: RunLog) -> list[DataLoader]:
+def build_val_loaders(run: Run, log: RunLog) -> list[DataLoader]:
+    config, env, setup = run.config, run.env, run.setup
     for dataset in setup.train_sets + setup.val_sets:
         log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
     loaders = [build_eval_loader(dataset, setup.codec, config.train.eval_batch_size // env.world_size,
@@ -342,14 +342,14 @@ def build_val_loaders(config: Config, setup: Setup, env: DistEnv, log: RunLog) -
     return loaders
 
 
-def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: RunLog, path: str,
-           checkpoint: dict[str, Any]) -> None:
+def resume(run: Run, log: RunLog, path: str, checkpoint: dict[str, Any]) -> None:
+    """Continue from `checkpoint` (at `path`), after checking it against this run's config, and say what
+    this run does differently."""
+    config, state, sampler = run.config, run.state, run.setup.sampler
     changes = check_config(checkpoint, path, config, "train.resume")
-    restore_training(checkpoint, path, setup.model, setup.optimizer, setup.scheduler, setup.scaler,
-                     setup.codec.alphabet, setup.average)
+    run.load_state_dict(checkpoint, path)
     if changes:
         log.info("changed on resume (this run's values apply):\n  " + "\n  ".join(changes))
-    state.step, state.best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
     if state.step > config.train.max_steps:  # the loop would end at once, having trained and saved nothing
         raise ConfigError(f"train.max_steps={config.train.max_steps}: {path} is at step {state.step} already; set "
                           f"train.max_steps above {state.step} to train it further")
@@ -359,8 +359,6 @@ def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: R
                  f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
                  f"best.pt")
         state.best_accuracy = TrainState.best_accuracy
-    state.window.load_state_dict(checkpoint["log_window"], env.is_main)
-    sampler = setup.sampler
     if checkpoint["data_sizes"] != sampler.sizes:
         log.info(f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
                  f"the batches from here on are not those the run would have seen (not an exact resume)")
@@ -369,9 +367,10 @@ def resume(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: R
              f"torchrun restart {restart}")
 
 
-def keep_best_of_folder(config: Config, env: DistEnv, state: TrainState, log: RunLog) -> None:
+def keep_best_of_folder(run: Run, log: RunLog) -> None:
     """A best.pt already in the folder, scored on these data.val sets, is replaced only by a better score:
     a run started afresh or resumed from an older checkpoint must not put worse weights under its name."""
+    config, env, state = run.config, run.env, run.state
     kept = best_in_folder(config.train.out_dir, config.data.val, log.info) if env.is_main else None
     kept = broadcast_object(kept, group=env.cpu_group)
     if kept is not None and kept > state.best_accuracy:
@@ -388,7 +387,8 @@ def restore_random_state(states: list[dict[str, Any]], env: DistEnv, log: RunLog
                  f"{env.world_size}: random streams restart (the data order is still exact)")
 
 
-def describe_run(config: Config, env: DistEnv, setup: Setup, log: RunLog) -> None:
+def describe_run(run: Run, log: RunLog) -> None:
+    config, env, setup = run.config, run.env, run.setup
     per_process = config.train.batch_size // env.world_size
     log.info(f"{config.model.arch}: {count_parameters(setup.model) / 1e6:.2f} M parameters, {setup.frames} frames "
              f"per image, {setup.codec.num_classes - 1} characters")
@@ -400,8 +400,9 @@ def describe_run(config: Config, env: DistEnv, setup: Setup, log: RunLog) -> Non
         log.info(f"warning: {warning}")
 
 
-def check_skipped(config: Config, state: TrainState, taken: bool, log: RunLog) -> None:
+def check_skipped(run: Run, taken: bool, log: RunLog) -> None:
     """Count a step skipped for a non-finite gradient; stop when too many come in a row."""
+    config, state = run.config, run.state
     state.skipped_in_a_row = 0 if taken else state.skipped_in_a_row + 1
     if taken:
         return
@@ -414,8 +415,9 @@ def check_skipped(config: Config, state: TrainState, taken: bool, log: RunLog) -
             f"are in {config.train.out_dir}")
 
 
-def log_training(config: Config, env: DistEnv, setup: Setup, state: TrainState, log: RunLog) -> None:
+def log_training(run: Run, log: RunLog) -> None:
     """The log line of the steps since the last one (a collective: every rank sums its numbers in)."""
+    config, env, setup, state = run.config, run.env, run.setup, run.state
     log_every, step = config.train.log_every, state.step
     window_steps = range((step - 1) // log_every * log_every, step)
     drawn = setup.sampler.drawn_per_dataset(window_steps)  # from the step alone: exact after a resume too
@@ -425,9 +427,9 @@ def log_training(config: Config, env: DistEnv, setup: Setup, state: TrainState, 
     log.advance({"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"})
 
 
-def validate_and_keep_best(config: Config, env: DistEnv, setup: Setup, val_loaders: list[DataLoader],
-                           state: TrainState, log: RunLog) -> None:
+def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None:
     """Evaluate on every data.val set, log the results, and write best.pt when the accuracy improved."""
+    config, env, setup, state = run.config, run.env, run.setup, run.state
     model = setup.evaluated_model
     broadcast_buffers(model)  # evaluate, on every rank, the model rank 0 saves
     results = {}
@@ -444,27 +446,18 @@ def validate_and_keep_best(config: Config, env: DistEnv, setup: Setup, val_loade
         log.image("val/samples", state.step, caption_grid(decode_samples(model, setup.val_sets[0], setup.codec,
                                                                          env.device)))
     if accuracy > state.best_accuracy and env.is_main:
-        save_checkpoint(Path(config.train.out_dir) / "best.pt", weights_of(config, env, setup, state, accuracy))
+        save_checkpoint(Path(config.train.out_dir) / "best.pt", run.weights(accuracy))
     state.best_accuracy = max(state.best_accuracy, accuracy)
 
 
-def weights_of(config: Config, env: DistEnv, setup: Setup, state: TrainState, accuracy: float | None
-               ) -> dict[str, Any]:
-    return weights_checkpoint(setup.evaluated_model, config, setup.codec.alphabet, setup.preprocessing, state.step,
-                              accuracy, env.world_size, setup.precision)
-
-
-def save_training_checkpoint(config: Config, env: DistEnv, setup: Setup, state: TrainState) -> Path:
+def save_training_checkpoint(run: Run) -> Path:
     """Everything an exact resume needs (a collective: every rank adds its RNG state and log sums)."""
-    log_window = state.window.state_dict()
-    rng = gather_objects(capture_rng_state(env.device), group=env.cpu_group)
-    path = checkpoint_path(config.train.out_dir, state.step)
-    if env.is_main:
-        save_checkpoint(path, training_checkpoint(weights_of(config, env, setup, state, None), setup.optimizer,
-                                                  setup.scheduler, setup.scaler, state.best_accuracy, log_window, rng,
-                                                  setup.sampler.sizes, setup.average, setup.model))
+    checkpoint = run.state_dict()
+    path = checkpoint_path(run.config.train.out_dir, run.state.step)
+    if run.env.is_main:
+        save_checkpoint(path, checkpoint)
         point_last_at(path)
-        prune_checkpoints(config.train.out_dir, config.train.keep_checkpoints)
+        prune_checkpoints(run.config.train.out_dir, run.config.train.keep_checkpoints)
     return path
 
 

@@ -1,6 +1,7 @@
 """tools/benchmark.py runs end to end and writes every figure it promises (no timing assertions)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -10,11 +11,26 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_env
+from training.config import ConfigError
 from utils.precision import candidate_precisions
 
-pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+
+def test_benchmark_refuses_a_config_as_train_py_does(monkeypatch):
+    """Its checks are train.py's own (train.load_run_config), the eval batch's included: a config the
+    training run would refuse is not measured."""
+    for name, value in {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "test"}.items():
+        monkeypatch.setenv(name, value)  # three processes, as torchrun would say
+    monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--config", "crnn.yaml", "train.batch_size=63",
+                                      "train.eval_batch_size=64"])
+    spec = importlib.util.spec_from_file_location("benchmark", REPO / "tools" / "benchmark.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    message = "train.batch_size=63 and train.eval_batch_size=64 must divide by the 3 processes"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        benchmark.main()
 
 
+@pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 @pytest.mark.parametrize("processes", [1, 2])
 def test_benchmark_writes_its_json(synth, tmp_path, processes):
     json_path = tmp_path / "bench.json"
@@ -45,6 +61,7 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
     assert results["precision"] == "fp32" and results["compile"] is False
 
 
+@pytest.mark.slow
 def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_path):
     json_path = tmp_path / "bench.json"
     result = subprocess.run(

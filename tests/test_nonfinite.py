@@ -34,8 +34,8 @@ def make_batch(poisoned: bool) -> Batch:
 def step(model: torch.nn.Module, trained: torch.nn.Module, poisoned: bool) -> bool:
     optimizer = torch.optim.Adam(trained.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    _, _, taken = train_step(model, make_batch(poisoned), optimizer, scaler, 5.0, torch.device("cpu"), "fp32",
-                             torch.contiguous_format)
+    _, _, taken = train_step(model, make_batch(poisoned), optimizer=optimizer, scaler=scaler, grad_clip=5.0,
+                             device=torch.device("cpu"), precision="fp32", memory_format=torch.contiguous_format)
     return taken
 
 

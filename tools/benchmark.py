@@ -26,18 +26,22 @@ import json
 import resource
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from data.lmdb_dataset import Batch
 from data.loaders import build_eval_loader
 from evaluation.evaluate import evaluate
 from models.losses import ctc_losses
-from train import build_setup, train_step, wrap_for_training
+from train import build_setup, load_run_config, train_step, wrap_for_training
+from training.config import Config, ConfigFileOption
+from training.setup import Setup
 from utils import cli
-from training.config import ConfigError, ConfigFileOption, load_config, validate
-from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, read_env, setup_distributed
+from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, setup_distributed
 from utils.precision import PRECISIONS, autocast, candidate_precisions
 
 ROUNDS = 5
@@ -45,7 +49,8 @@ ROUNDS = 5
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", action=ConfigFileOption, default="crnn.yaml", help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument("--config", action=ConfigFileOption, default="crnn.yaml",
+                        help="YAML file, or a bare name looked up in configs/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.num_workers=4")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="train.precision, measured alone (default: every candidate side by side)")
@@ -54,7 +59,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="train.channels_last")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="train.compile (torch.compile)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per measurement, over 5 rounds (default 30)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before the first round of each measurement")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="untimed steps before the first round of each measurement")
     parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"), help="where to write the results")
     args = parser.parse_args()
     options = {"train.precision": args.precision, "train.batch_size": args.batch_size, "train.threads": args.threads,
@@ -85,7 +91,8 @@ def matmul_gflops(device: torch.device, precision: str) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch, device: torch.device) -> tuple[float, float]:
+def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch: Batch, device: torch.device
+                    ) -> tuple[float, float]:
     """(forward, training step) FLOPs per image. oneDNN's fused LSTM is invisible to the counter,
     so it is switched off while counting."""
     with warnings.catch_warnings():
@@ -103,7 +110,7 @@ def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch, device:
     return forward / len(images), counter.get_total_flops() / len(images)
 
 
-def timed_images_per_second(run_step, steps: int, warmup: int, device: torch.device) -> float:
+def timed_images_per_second(run_step: Callable[[], int], *, steps: int, warmup: int, device: torch.device) -> float:
     """Images/s of `run_step()` (which returns its batch size) over `steps` calls after `warmup`."""
     for _ in range(warmup):
         run_step()
@@ -115,78 +122,43 @@ def timed_images_per_second(run_step, steps: int, warmup: int, device: torch.dev
     return images / (time.perf_counter() - start)
 
 
+def best_of_rounds(measurements: dict[tuple[str, str], Callable[[], int]], *, steps: int, warmup: int,
+                   device: torch.device) -> dict[tuple[str, str], float]:
+    """Images/s of each measurement's step, the best of ROUNDS rounds of `steps // ROUNDS` steps. The
+    measurements alternate within each round: the machine's clock drifts by 20% over minutes, which would
+    otherwise land on whichever was measured second."""
+    best = dict.fromkeys(measurements, 0.0)
+    for index in range(ROUNDS):
+        for key, run_step in measurements.items():
+            rate = timed_images_per_second(run_step, steps=max(1, steps // ROUNDS), warmup=warmup if index == 0 else 0,
+                                           device=device)
+            best[key] = max(best[key], rate)
+    return best
+
+
 def main() -> None:
     args = parse_args()
-    config = load_config(args.config, args.overrides)
-    validate(config)
-    _, _, world_size, _ = read_env()
-    if config.train.batch_size % world_size:
-        raise ConfigError(f"train.batch_size={config.train.batch_size} must divide by the {world_size} processes")
+    config = load_run_config(args.config, args.overrides)
     env = setup_distributed(config.device_ids, config.train.threads)
     try:
-        results = benchmark(config, env, args.steps, args.warmup, compare=args.precision is None)
+        results = benchmark(config, env, steps=args.steps, warmup=args.warmup, compare=args.precision is None)
         if env.is_main:
             report(results, args.json)
     finally:
         cleanup_distributed()
 
 
-def benchmark(config, env: DistEnv, steps: int, warmup: int, compare: bool) -> dict:
+def benchmark(config: Config, env: DistEnv, *, steps: int, warmup: int, compare: bool) -> dict[str, Any]:
     """The figures of the precision the run would use (setup.precision) at the top level, and, with
     `compare`, those of every candidate precision under `by_precision`."""
     setup = build_setup(config, env, print if env.is_main else lambda _: None)
-    unwrapped, loader, sampler, optimizer, scheduler, scaler = (setup.model, setup.loader, setup.sampler,
-                                                                setup.optimizer, setup.scheduler, setup.scaler)
-    codec, memory_format = setup.codec, setup.memory_format
     precisions = candidate_precisions(env.device) if compare else (setup.precision,)
-    model = wrap_for_training(unwrapped, env, config.train.compile)
-    if env.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(env.device)
-
-    sampler.set_steps(0, 10**9)  # as many batches as the measurements take, from one pass of the loader
-    batches = iter(loader)
-    first = next(batches)
-    images_in_memory = first.images.to(env.device, memory_format=memory_format)
-    forward_flops, train_flops = flops_per_image(unwrapped, images_in_memory, first, env.device)
-
-    def step_on(batch, precision: str) -> int:
-        train_step(model, batch, optimizer, scaler, config.optim.grad_clip, env.device, precision, memory_format,
-                   setup.average)
-        scheduler.step()
-        return len(batch.labels)
-
-    def load_only() -> int:
-        return len(next(batches).labels)
-
-    # Loop and floor, in each precision, alternate in rounds and the best round counts: the machine's
-    # clock drifts by 20% over minutes, which would otherwise land on whichever was measured second.
-    measurements = {(precision, name): (lambda precision=precision, floor=floor:
-                                        step_on(first if floor else next(batches), precision))
-                    for precision in precisions for name, floor in (("train_loop", False), ("compute_floor", True))}
-    per_process = dict.fromkeys(measurements, 0.0)
-    for index in range(ROUNDS):
-        for key, run_step in measurements.items():
-            rate = timed_images_per_second(run_step, max(1, steps // ROUNDS), warmup if index == 0 else 0, env.device)
-            per_process[key] = max(per_process[key], rate)
-    data_per_process = timed_images_per_second(load_only, steps * 4, warmup, env.device)
-    eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
-    keys = list(per_process)
-    totals = dict(zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys],
-                                                        dtype=torch.float64)).tolist()))
-    data_total = all_reduce_sum(torch.tensor([data_per_process], dtype=torch.float64)).item()
-    by_precision = {precision: {
-        "train_images_per_s": {"per_process_rank0": per_process[precision, "train_loop"],
-                               "total": totals[precision, "train_loop"]},
-        "compute_floor_images_per_s": {"per_process_rank0": per_process[precision, "compute_floor"],
-                                       "total": totals[precision, "compute_floor"]},
-        "eval_images_per_s": eval_total[precision],
-        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
-    } for precision in precisions}
-    fastest = max(precisions, key=lambda precision: totals[precision, "train_loop"])
+    measured = measure(config, env, setup, precisions, steps=steps, warmup=warmup)
+    by_precision = measured["by_precision"]
+    fastest = max(precisions, key=lambda precision: by_precision[precision]["train_images_per_s"]["total"])
     chosen = by_precision[setup.precision] if setup.precision in by_precision else by_precision[fastest]
     loop_total, floor_total = chosen["train_images_per_s"]["total"], chosen["compute_floor_images_per_s"]["total"]
+    data_loading, train_flops = measured["data_loading_images_per_s"], measured["train_step_flops_per_image"]
     return {
         "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
         "processes": env.world_size,
@@ -204,20 +176,67 @@ def benchmark(config, env: DistEnv, steps: int, warmup: int, compare: bool) -> d
         "train_images_per_s": chosen["train_images_per_s"],
         "compute_floor_images_per_s": chosen["compute_floor_images_per_s"],
         "loop_fraction_of_floor": loop_total / floor_total,
-        "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
-        "data_to_train_ratio": data_total / loop_total,
+        "data_loading_images_per_s": data_loading,
+        "data_to_train_ratio": data_loading["total"] / loop_total,
         "eval_images_per_s": chosen["eval_images_per_s"],
-        "forward_gflops_per_image": forward_flops / 1e9,
+        "forward_gflops_per_image": measured["forward_flops_per_image"] / 1e9,
         "train_step_gflops_per_image": train_flops / 1e9,
         "effective_train_gflops_per_s": loop_total * train_flops / 1e9,
         "matmul_gflops_per_s_per_process": chosen["matmul_gflops_per_s_per_process"],
-        "peak_rss_mib_rank0": peak_rss_mib,
-        "cuda_max_allocated_mib_rank0": cuda_peak_mib,
+        "peak_rss_mib_rank0": measured["peak_rss_mib_rank0"],
+        "cuda_max_allocated_mib_rank0": measured["cuda_max_allocated_mib_rank0"],
         "torch": str(torch.__version__),
     }
 
 
-def eval_images_per_second(config, env: DistEnv, setup, precision: str) -> float:
+def measure(config: Config, env: DistEnv, setup: Setup, precisions: tuple[str, ...], *, steps: int, warmup: int
+            ) -> dict[str, Any]:
+    """Every figure, in the order they are taken: FLOPs, the loop and its floor in each precision, data
+    loading alone, evaluation, peak memory; rates summed over the processes where a total is given."""
+    model = wrap_for_training(setup.model, env, config.train.compile)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    setup.sampler.set_steps(0, 10**9)  # as many batches as the measurements take, from one pass of the loader
+    batches = iter(setup.loader)
+    first = next(batches)
+    images_in_memory = first.images.to(env.device, memory_format=setup.memory_format)
+    forward_flops, train_flops = flops_per_image(setup.model, images_in_memory, first, env.device)
+
+    def step_on(batch: Batch, precision: str) -> int:
+        train_step(model, batch, optimizer=setup.optimizer, scaler=setup.scaler, grad_clip=config.optim.grad_clip,
+                   device=env.device, precision=precision, memory_format=setup.memory_format, average=setup.average)
+        setup.scheduler.step()
+        return len(batch.labels)
+
+    # The loop takes the loader's next batch, its floor the first one again, already in memory.
+    measurements = {(precision, name): (lambda precision=precision, floor=floor:
+                                        step_on(first if floor else next(batches), precision))
+                    for precision in precisions for name, floor in (("train_loop", False), ("compute_floor", True))}
+    per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
+    data_per_process = timed_images_per_second(lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup,
+                                               device=env.device)
+    eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
+    keys = list(per_process)
+    totals = dict(zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys],
+                                                        dtype=torch.float64)).tolist()))
+    data_total = all_reduce_sum(torch.tensor([data_per_process], dtype=torch.float64)).item()
+    by_precision = {precision: {
+        "train_images_per_s": {"per_process_rank0": per_process[precision, "train_loop"],
+                               "total": totals[precision, "train_loop"]},
+        "compute_floor_images_per_s": {"per_process_rank0": per_process[precision, "compute_floor"],
+                                       "total": totals[precision, "compute_floor"]},
+        "eval_images_per_s": eval_total[precision],
+        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+    } for precision in precisions}
+    return {"by_precision": by_precision, "forward_flops_per_image": forward_flops,
+            "train_step_flops_per_image": train_flops,
+            "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
+            "peak_rss_mib_rank0": peak_rss_mib, "cuda_max_allocated_mib_rank0": cuda_peak_mib}
+
+
+def eval_images_per_second(config: Config, env: DistEnv, setup: Setup, precision: str) -> float:
     """Images/s of `evaluation.evaluate.evaluate` over the first validation set, all processes together."""
     if not setup.val_sets:
         return 0.0
@@ -238,7 +257,8 @@ def rate(images_per_s: dict[str, float], processes: int) -> str:
 
 def report(results: dict, json_path: Path) -> None:
     rows = [
-        ("device", f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} thread(s)"),
+        ("device", f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} "
+                   f"thread(s)"),
         ("precision / channels_last / compile", f"{results['precision']} / {results['channels_last']} / "
                                                 f"{results['compile']}"),
         ("global batch, image", f"{results['global_batch']}, {results['image_size'][0]}x{results['image_size'][1]}"),
@@ -260,7 +280,8 @@ def report(results: dict, json_path: Path) -> None:
             rows.append((f"{name}, images/s, side by side", ", ".join(
                 f"{precision} {figures[key]['total']:.1f}" for precision, figures in results["by_precision"].items())))
         rows.append(("evaluation, images/s, side by side", ", ".join(
-            f"{precision} {figures['eval_images_per_s']:.1f}" for precision, figures in results["by_precision"].items())))
+            f"{precision} {figures['eval_images_per_s']:.1f}"
+            for precision, figures in results["by_precision"].items())))
         rows.append(("matmul GFLOP/s, side by side", ", ".join(
             f"{precision} {figures['matmul_gflops_per_s_per_process']:.1f}"
             for precision, figures in results["by_precision"].items())))

@@ -1,5 +1,6 @@
-"""The checkpoint schema, the one place it is written and read: atomic writes, weights-only reads,
-no wrapper prefixes.
+"""The checkpoint schema, listed here once: atomic writes, weights-only reads, no wrapper prefixes. The
+weights are written by weights_checkpoint; the training part by training/run.py's Run.state_dict(),
+which its load_state_dict() reads back.
 
 A checkpoint is a dict of tensors and plain Python values, read on any device with
 `torch.load(path, weights_only=True)`:
@@ -32,9 +33,8 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.transforms import Preprocessing
 from models import model_from_config
-from training.weight_average import WeightAverage
-from utils.atomic_write import write_atomically
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
+from utils.atomic_write import write_atomically
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.
@@ -59,7 +59,7 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
     write_atomically(path, lambda file: torch.save(checkpoint, file))
 
 
-def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, step: int,
+def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, *, step: int,
                        accuracy: float | None, world_size: int, precision: str = "fp32") -> dict[str, Any]:
     """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
     what the run trained in (train.precision, with `auto` resolved)."""
@@ -67,22 +67,6 @@ def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preproce
             "config": to_dict(config), "alphabet": alphabet, "preprocessing": preprocessing.to_dict(),
             "world_size": world_size, "precision": precision,
             "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
-
-
-def training_checkpoint(weights: dict[str, Any], optimizer: torch.optim.Optimizer,
-                        scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
-                        best_accuracy: float, log_window: dict[str, Any], rng: list[dict[str, Any]],
-                        data_sizes: list[int], average: WeightAverage | None = None,
-                        raw_model: nn.Module | None = None) -> dict[str, Any]:
-    """`weights` plus everything an exact resume needs. With a weight `average`, `weights` hold the
-    average, and `raw_model` (then required) is the model the optimizer steps. `best_accuracy` was
-    measured on the config's data.val: a resumed run that validates on other sets starts it afresh."""
-    checkpoint = {**weights, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                  "scaler": scaler.state_dict(), "best_accuracy": best_accuracy, "log_window": log_window, "rng": rng,
-                  "data_sizes": data_sizes}
-    if average is not None:
-        checkpoint.update(raw_model=raw_model.state_dict(), average_updates=average.updates)
-    return checkpoint
 
 
 def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, option: str) -> list[str]:
@@ -107,36 +91,6 @@ def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, o
 
 def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
     return "optimizer" in checkpoint
-
-
-def restore_training(checkpoint: dict[str, Any], path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     scheduler: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler,
-                     alphabet: str, average: WeightAverage | None = None) -> None:
-    """Load a training checkpoint's model, optimizer, scheduler and scaler (train.resume), and the
-    weight average when the run keeps one. A checkpoint written without an average starts one there."""
-    if not is_training_checkpoint(checkpoint):
-        raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
-                         f"last.pt, or start from these weights with train.init_from")
-    if checkpoint.get("alphabet") != alphabet:
-        raise ValueError(f"train.resume: {path} was trained with another alphabet ({len(checkpoint.get('alphabet') or '')}"
-                         f" characters; data.alphabet has {len(alphabet)}, or another order). To train on "
-                         f"these characters, start a new run from its weights: train.init_from={path}")
-    averaged = "raw_model" in checkpoint
-    model.load_state_dict(checkpoint["raw_model"] if averaged else checkpoint["model"], strict=True)
-    if average is not None and averaged:
-        average.load(checkpoint["model"], checkpoint["average_updates"])
-    # The state (moments, the step count) comes from the checkpoint, the hyperparameters from this run's
-    # config: optim.lr or optim.weight_decay changed on resume apply, as the log says they do.
-    hyperparameters = [{key: value for key, value in group.items() if key != "params"}
-                       for group in optimizer.param_groups]
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    for group, values in zip(optimizer.param_groups, hyperparameters):
-        group.update(values)
-    scheduler.load_state_dict(checkpoint["scheduler"])  # its position; the schedule is this run's (LambdaLR)
-    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
-    scaler.load_state_dict(checkpoint["scaler"])
 
 
 def read_preprocessing(checkpoint: dict[str, Any], source: str) -> Preprocessing:
@@ -169,7 +123,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     # unpickler and be called unsafe, or worse, when it is only another kind of file (a data.mdb, an image).
     if not header.startswith((b"PK\x03\x04", b"\x80")):
         what = "an empty file" if not header else "neither a zip archive nor a pickle"
-        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or torch.save")
+        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or "
+                         f"torch.save")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -246,33 +201,55 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
     classifier = classifier_keys(target, len(alphabet) + 1)
     loaded = {key: value for key, value in source.items()
               if key in target and target[key].shape == value.shape and key not in classifier}
-    lines = []
-    old_alphabet = checkpoint.get("alphabet")
-    if classifier and not old_alphabet:
-        lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
-                     f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
-                     f"scripts/import_weights.py, which records its characters)")
-    elif classifier:
-        old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
-        mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
-        fits = all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
-                   for key in classifier)
-        if fits:
-            for key in classifier:
-                mapped = target[key].clone()
-                for new, old in mapping:
-                    mapped[new] = source[key][old]
-                loaded[key] = mapped
-            moved = sum(new != old for new, old in mapping)
-            dropped = len(old_alphabet) - (len(mapping) - 1)
-            lines.append(f"  classifier ({', '.join(classifier)}): rows matched by character: "
-                         f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
-                         f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
-                         + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
-                            if dropped else ""))
-        else:
-            lines.append(f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
-                         f"alphabet of {len(old_alphabet)} characters")
+    notes = []
+    if classifier:
+        rows, note = classifier_rows_by_character(source, target, classifier, checkpoint.get("alphabet"), alphabet)
+        loaded.update(rows)
+        notes.append(note)
+    check_backbone_fits(target, loaded, classifier, path)
+    unexpected = sorted(key for key in source if key not in target)
+    model.load_state_dict(loaded, strict=False)
+    if unexpected:
+        notes.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
+    if changes:
+        notes.append(f"  this run's config, not the checkpoint's: {'; '.join(changes)}")
+    return "\n".join([f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors", *notes])
+
+
+def classifier_rows_by_character(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+                                 classifier: list[str], old_alphabet: str | None, alphabet: str
+                                 ) -> tuple[dict[str, torch.Tensor], str]:
+    """The classifier's tensors for `alphabet`, with each row of a character the checkpoint's
+    `old_alphabet` shares copied to its new place (the blank's stays first), and the report's line on
+    them. Nothing to load when the rows cannot be matched: the classifier then keeps its fresh start."""
+    if not old_alphabet:
+        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
+                    f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
+                    f"scripts/import_weights.py, which records its characters)")
+    if not all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
+               for key in classifier):
+        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
+                    f"alphabet of {len(old_alphabet)} characters")
+    old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
+    mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
+    mapped = {}
+    for key in classifier:
+        mapped[key] = target[key].clone()
+        for new, old in mapping:
+            mapped[key][new] = source[key][old]
+    moved = sum(new != old for new, old in mapping)
+    dropped = len(old_alphabet) - (len(mapping) - 1)
+    return mapped, (f"  classifier ({', '.join(classifier)}): rows matched by character: "
+                    f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
+                    f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
+                    + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
+                       if dropped else ""))
+
+
+def check_backbone_fits(target: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor], classifier: list[str],
+                        path: str | Path) -> None:
+    """Every tensor outside the classifier must load: a backbone that does not fit would train from
+    scratch under a name that says otherwise."""
     fresh = sorted(key for key in target if key not in loaded and key not in classifier
                    and not key.endswith("num_batches_tracked"))  # a counter BatchNorm keeps, not a weight
     if fresh:
@@ -281,11 +258,3 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
             f"the classifier are missing from it or of another shape ({', '.join(fresh[:4])}"
             f"{', ...' if len(fresh) > 4 else ''}): it was made for another architecture; set model.* as it was "
             f"trained, or start without train.init_from")
-    unexpected = sorted(key for key in source if key not in target)
-    model.load_state_dict(loaded, strict=False)
-    lines.insert(0, f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors")
-    if unexpected:
-        lines.append(f"  in the checkpoint but not in the model (ignored): {', '.join(unexpected)}")
-    if changes:
-        lines.append(f"  this run's config, not the checkpoint's: {'; '.join(changes)}")
-    return "\n".join(lines)

@@ -22,8 +22,8 @@ from typing import IO, Any, Callable
 import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
-from utils.atomic_write import make_folder, remove_empty_folders, remove_leftovers, write_text_atomically
 from training.config import Config, ConfigError, config_changes, to_dict
+from utils.atomic_write import make_folder, remove_empty_folders, remove_leftovers, write_text_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")
@@ -171,7 +171,7 @@ def clear_run_folder(out_dir: str | Path) -> None:
             path.unlink(missing_ok=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunFolderLock:
     """The locked `.lock` file of a live run, and the folders its start created (deepest first)."""
 
@@ -205,7 +205,7 @@ def lock_run_folder(out_dir: str | Path) -> tuple[RunFolderLock, list[Path]]:
     lock.truncate()
     lock.write(f"PID {os.getpid()} on host {socket.gethostname()}\n")
     lock.flush()
-    return RunFolderLock(lock, created), remove_leftovers(out_dir)
+    return RunFolderLock(file=lock, created=created), remove_leftovers(out_dir)
 
 
 def unlock_run_folder(lock: RunFolderLock) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from training.log_window import LogWindow
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainState:
     window: LogWindow  # the numbers of the next log line
     step: int = 0  # optimizer steps taken (skipped ones included)
