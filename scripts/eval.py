@@ -25,28 +25,30 @@ import json
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
 from torch.utils.data import Dataset
 
+from data.codec import CTCCodec, Reading
 from data.label_index import DROP_REASONS, index_cache_dir
 from data.lmdb_dataset import UNKNOWN_CHARACTERS, Batch, CollateBatch, LmdbDataset
 from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
-from data.transforms import build_transform, decode_image
-from data.codec import Reading
-from evaluation.decoders import DECODERS, build_decoder
+from data.transforms import ImageTransform, build_transform, decode_image
+from evaluation.decoders import DECODERS, Decoder, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
 from evaluation.visualize import caption_grid
 from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
+from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
 from utils.atomic_write import write_bytes_atomically, write_text_atomically
-from training.config import ConfigFileOption, load_config
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 from utils.precision import PRECISIONS
 
@@ -277,13 +279,102 @@ def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mo
     for negative_confidence, position, index, label, prediction in misreads:
         with shared_lmdb(sets[position]["path"]).begin() as txn:
             image = decode_image(bytes(txn.get(image_key(index))), "RGB")  # upright, as the model read it
-        cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"),
-                              (f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}", "dimgray")]))
+        source = f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}"
+        cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"), (source, "dimgray")]))
     grid = caption_grid(cells, empty_note=f"no misreads under {mode}")
     png = io.BytesIO()
     grid.save(png, format="PNG")
     write_bytes_atomically(path, png.getvalue())
     return len(misreads)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """The checkpoint's model and what turns a set's images into its readings."""
+
+    model: nn.Module  # the model itself, or with --split-long a PiecewiseModel around it
+    codec: CTCCodec
+    transform: ImageTransform
+    long_crops: LongCropTransform | None  # with --split-long
+    frames: int  # the model's output frames at its input width
+    precision: str
+    decode: Decoder
+
+
+def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -> Reader:
+    """The Reader of `args.checkpoint`, at the precision `args.precision` picks on this machine."""
+    model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
+    precision = choose_precision(args.precision, env.device, model, inference_shape(preprocessing, args.batch_size),
+                                 False, log=print, is_main=env.is_main, group=env.cpu_group, option="--precision")
+    transform = build_transform(config, preprocessing)
+    long_crops = LongCropTransform(transform) if args.split_long else None
+    reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
+    frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
+    decode = build_decoder(args.decoder, codec, args.lexicon, args.beam_size)
+    return Reader(reader, codec, transform, long_crops, frames, precision, decode)
+
+
+def evaluate_set(name: str, root: str, reader: Reader, args: argparse.Namespace, env: DistEnv,
+                 index_cache: Path | None, keep_predictions: bool) -> tuple[dict, dict[str, int], list, list]:
+    """This process's shard of one set: the set's table row and metric counts (both summed over every
+    process), (LMDB index, label, reading) records when `keep_predictions`, and (LMDB index, confidence,
+    correct) of the samples args.metric_mode scores."""
+    dataset = LmdbDataset(root, reader.codec, reader.frames, reader.transform,
+                          remove_unknown=args.unknown_characters == "remove", index_cache=index_cache)
+    batches, in_pieces = set_batches(dataset, args, env, reader.long_crops)
+    records = []  # for --dump and --errors
+    confidences = []  # for the accuracy by confidence
+
+    def keep(batch: Batch, readings: list[Reading]) -> None:
+        for index, label, reading in zip(batch.indices, batch.labels, readings):
+            correct = is_correct(reading.text, label, args.metric_mode, reader.codec.alphabet)
+            if correct is not None:
+                confidences.append((index, reading.confidence, correct))
+        if keep_predictions:
+            records.extend(zip(batch.indices, batch.labels, readings))
+
+    counts = evaluate(reader.model, batches, reader.codec, env, reader.precision, on_batch=keep, decode=reader.decode)
+    row = {"name": name, "path": str(root), **summarize(counts, args.metric_mode),
+           "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
+           "labels_shortened": dataset.report.shortened,
+           "undecodable_images": counts["dropped"], "read_in_pieces": in_pieces}
+    return row, counts, records, confidences
+
+
+def collect_results(args: argparse.Namespace, sets: list[dict], combined: dict[str, int],
+                    scored_shards: list[list[list[tuple]]]) -> dict:
+    """What --json writes: each set's row and the combined one, with the accuracy of the most confident
+    readings of every process, taken in LMDB-index order."""
+    by_set = [sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
+              for position in range(len(sets))]
+    for row, pairs in zip(sets, by_set):
+        row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
+    return {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "decoder": args.decoder,
+            "sets": sets, "combined": {
+                **summarize(combined, args.metric_mode), "in_lmdb": sum(row["in_lmdb"] for row in sets),
+                "accuracy_by_confidence": accuracy_by_confidence([pair[1:] for pairs in by_set for pair in pairs])}}
+
+
+def report(args: argparse.Namespace, results: dict, shards: list[list[list[tuple]]] | None, seconds: float,
+           env: DistEnv, reader: Reader) -> None:
+    """Rank 0's part: the table, and the files asked for from every process's `shards` of predictions."""
+    sets, combined = results["sets"], results["combined"]
+    print_table(sets, combined, args.metric_mode, args.decoder)
+    print(f"{combined['samples'] / seconds:.0f} images/s on {env.world_size} process(es), {env.device.type}")
+    if reader.long_crops is not None:
+        print(f"{sum(row['read_in_pieces'] for row in sets)} of {combined['in_lmdb']} images were wider than "
+              f"{reader.long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)")
+    if shards is not None:  # each set's records from every process, in LMDB-index order
+        merged = [sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
+                  for position in range(len(sets))]
+    if args.dump:
+        write_dump(args.dump, sets, merged, args.metric_mode, reader.codec.alphabet)
+        print(f"predictions: {args.dump}")
+    if args.errors:
+        shown = draw_errors(args.errors, sets, merged, args.metric_mode, reader.codec.alphabet, args.errors_count)
+        print(f"{shown} most confident misreads ({args.metric_mode}): {args.errors}")
+    if args.json:
+        write_text_atomically(args.json, json.dumps(results, indent=2) + "\n")
 
 
 def main() -> None:
@@ -292,75 +383,26 @@ def main() -> None:
     config = load_config(args.config, []) if args.config else None
     env = setup_distributed(device_ids=[])
     try:
-        model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
-        precision = choose_precision(args.precision, env.device, model, inference_shape(preprocessing, args.batch_size),
-                                     False, log=print, is_main=env.is_main, group=env.cpu_group, option="--precision")
-        transform = build_transform(config, preprocessing)
-        long_crops = LongCropTransform(transform) if args.split_long else None
-        reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
-        frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
+        reader = load_reader(args, env, config)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
-        decode = build_decoder(args.decoder, codec, args.lexicon, args.beam_size)
         keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
         sets, combined, predictions, scored = [], new_counts(), [], []
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
-            dataset = LmdbDataset(root, codec, frames, transform, remove_unknown=args.unknown_characters == "remove",
-                                  index_cache=index_cache)
-            batches, in_pieces = set_batches(dataset, args, env, long_crops)
-            records = []  # (LMDB index, label, reading) of this process's shard, for --dump and --errors
-            confidences = []  # (LMDB index, confidence, correct) of the samples args.metric_mode scores
-
-            def keep(batch: Batch, readings: list[Reading]) -> None:
-                for index, label, reading in zip(batch.indices, batch.labels, readings):
-                    correct = is_correct(reading.text, label, args.metric_mode, codec.alphabet)
-                    if correct is not None:
-                        confidences.append((index, reading.confidence, correct))
-                if keep_predictions:
-                    records.extend(zip(batch.indices, batch.labels, readings))
-
-            counts = evaluate(reader, batches, codec, env, precision, on_batch=keep, decode=decode)
+            row, counts, records, confidences = evaluate_set(name, root, reader, args, env, index_cache,
+                                                             keep_predictions)
             for key in COUNT_KEYS:
                 combined[key] += counts[key]
+            sets.append(row)
             predictions.append(records)
             scored.append(confidences)
-            sets.append({"name": name, "path": str(root), **summarize(counts, args.metric_mode),
-                         "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
-                         "labels_shortened": dataset.report.shortened,
-                         "undecodable_images": counts["dropped"], "read_in_pieces": in_pieces})
         seconds = time.perf_counter() - start
         # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
         shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
         scored_shards = gather_objects(scored, env.cpu_group)
         if env.is_main:
-            in_lmdb = sum(row["in_lmdb"] for row in sets)
-            by_set = [sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
-                      for position in range(len(sets))]
-            for row, pairs in zip(sets, by_set):
-                row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
-            results = {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "decoder": args.decoder,
-                       "sets": sets, "combined": {
-                           **summarize(combined, args.metric_mode), "in_lmdb": in_lmdb,
-                           "accuracy_by_confidence": accuracy_by_confidence(
-                               [pair[1:] for pairs in by_set for pair in pairs])}}
-            print_table(sets, results["combined"], args.metric_mode, args.decoder)
-            print(f"{results['combined']['samples'] / seconds:.0f} images/s on {env.world_size} process(es),"
-                  f" {env.device.type}")
-            if long_crops is not None:
-                print(f"{sum(row['read_in_pieces'] for row in sets)} of {in_lmdb} images were wider than "
-                      f"{long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)")
-            if keep_predictions:  # each set's records from every process, in LMDB-index order
-                merged = [sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
-                          for position in range(len(sets))]
-            if args.dump:
-                write_dump(args.dump, sets, merged, args.metric_mode, codec.alphabet)
-                print(f"predictions: {args.dump}")
-            if args.errors:
-                shown = draw_errors(args.errors, sets, merged, args.metric_mode, codec.alphabet, args.errors_count)
-                print(f"{shown} most confident misreads ({args.metric_mode}): {args.errors}")
-            if args.json:
-                write_text_atomically(args.json, json.dumps(results, indent=2) + "\n")
+            report(args, collect_results(args, sets, combined, scored_shards), shards, seconds, env, reader)
     finally:
         cleanup_distributed()
 

@@ -131,6 +131,13 @@ def finite_float(text: str) -> float:
 
 
 def parse_args() -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args()
+    check_options(parser, args)
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     # Checked below rather than by `choices`, so that the old "torchscript" can be told what replaced it.
@@ -162,7 +169,11 @@ def parse_args() -> argparse.Namespace:
                              " benchmark, for [0-9a-z] models; ignore_case_symbols for larger alphabets)")
     parser.add_argument("--speed", action="store_true",
                         help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s")
-    args = parser.parse_args()
+    return parser
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What `parser` alone does not refuse: out-of-range values, and options that need, or exclude, others."""
     if args.format == "torchscript":  # torch deprecated TorchScript
         raise ValueError("--format torchscript was replaced by --format pt2: a torch.export program, loaded with"
                          " torch.export.load")
@@ -186,7 +197,6 @@ def parse_args() -> argparse.Namespace:
         parser.error("--calibrate is for --int8 static; --int8 dynamic needs no calibration images")
     if args.int8_check_limit < 1:
         parser.error(f"--int8-check-limit must be >= 1, got {args.int8_check_limit}")
-    return args
 
 
 def check_out_suffix(export_format: str, out: Path | None) -> None:
@@ -205,6 +215,25 @@ def check_out_suffix(export_format: str, out: Path | None) -> None:
         raise ValueError(f"--format {export_format} and --out {out} disagree: the {export_format} file's name must end "
                          f"in {SUFFIXES[export_format]}; give e.g. --out {out.with_suffix(SUFFIXES[export_format])}"
                          f"{other}")
+
+
+def output_path(checkpoint: Path, export_format: str, out: Path | None) -> Path:
+    """`out`, or the checkpoint's name with the format's suffix, with its folder made."""
+    out = out or checkpoint.with_name(checkpoint.stem + SUFFIXES[export_format])
+    if out.resolve() == checkpoint.resolve():
+        raise ValueError(f"--out {out} is the checkpoint itself")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def check_onnx_packages(args: argparse.Namespace) -> None:
+    """--format onnx's packages are installed, and onnxruntime where --int8 or --speed runs the model."""
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"--format onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
+    if (args.int8 or args.speed) and importlib.util.find_spec("onnxruntime") is None:
+        raise ValueError(f"--{'int8' if args.int8 else 'speed'} needs onnxruntime: pip install -r"
+                         " requirements-export.txt")
 
 
 def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
@@ -624,10 +653,7 @@ def main() -> int:
     config = load_config(args.config, []) if args.config else None
     model, codec, config, preprocessing = load_model(args.checkpoint, "cpu", config)
     checkpoint = Path(args.checkpoint)
-    out = args.out or checkpoint.with_name(checkpoint.stem + SUFFIXES[args.format])
-    if out.resolve() == checkpoint.resolve():
-        raise ValueError(f"--out {out} is the checkpoint itself")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(checkpoint, args.format, args.out)
     # The images are read before exporting: a bad path fails in a second, not after the export.
     images, origin = check_images(args.check, codec.alphabet, args.check_limit)
     if args.int8:
@@ -637,12 +663,7 @@ def main() -> int:
         return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem,
                               args.lang or ["en"], images, origin)
     if args.format == "onnx":
-        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-        if missing:
-            raise ValueError(f"--format onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
-        if (args.int8 or args.speed) and importlib.util.find_spec("onnxruntime") is None:
-            raise ValueError(f"--{'int8' if args.int8 else 'speed'} needs onnxruntime: pip install -r"
-                             " requirements-export.txt")
+        check_onnx_packages(args)
         if args.int8:  # a stale int8 file of an earlier export must not pass for this model's
             int8_path(out).unlink(missing_ok=True)
 

@@ -112,9 +112,11 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
     origins = sorted({coverage.font.origin.split(" (")[0].split(" ")[0] for coverage in fonts.train + fonts.held_out})
     print(f"fonts: {len(train)} families for train and val, {len(held_out)} held out for test"
           f" ({len(fonts.train) + len(fonts.held_out)} files; from {', '.join(origins)})")
-    print(f"  held out: {', '.join(held_out) if held_out else 'none: a single family is installed, so test uses it too'}")
+    print("  held out: "
+          + (", ".join(held_out) if held_out else "none: a single family is installed, so test uses it too"))
     print(f"  train: {', '.join(train)}")
-    packages = {coverage.font.origin for coverage in fonts.train + fonts.held_out if coverage.font.origin.startswith("package")}
+    packages = {coverage.font.origin for coverage in fonts.train + fonts.held_out
+                if coverage.font.origin.startswith("package")}
     if packages:
         licences = Counter(origin.rpartition("(")[2].rstrip(")") for origin in packages)
         print(f"  {len(packages)} font packages, licences: "

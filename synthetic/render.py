@@ -198,7 +198,7 @@ def degrade(image: Image.Image, rng: random.Random, noise: np.random.Generator, 
         kernel = np.zeros((3, 3), dtype=np.float32)
         direction = rng.randrange(4)
         for i in range(3):
-            kernel[(1, i) if direction == 0 else (i, 1) if direction == 1 else (i, i) if direction == 2 else (i, 2 - i)] = 1
+            kernel[((1, i), (i, 1), (i, i), (i, 2 - i))[direction]] = 1
         image = image.filter(ImageFilter.Kernel((3, 3), kernel.flatten().tolist(), scale=3))
     if rng.random() < 0.2:  # low resolution, scaled back up
         effects.append("low resolution")
@@ -225,9 +225,69 @@ def neighbour_text(plan: RenderPlan, rng: random.Random) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Lettering:
+    """What a sample says, and how it is set: the text, its label, and the font's pieces to draw."""
+
+    text: str
+    label: str
+    coverage: FontCoverage  # the font file, and the characters it has
+    size: int  # pixels per em
+    font: ImageFont.FreeTypeFont
+    variation: str  # a variable font's axis values, for the record
+    pieces: list[tuple[str, float, float]]  # (piece, x, y of its baseline), as layout() places them
+    width: float  # of the set text, in pixels
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The canvas around the set text, in pixels."""
+
+    width: int
+    height: int
+    margin: int  # on the left and right
+    margin_y: int  # above and below
+    origin: tuple[float, float]  # where the text's baseline starts
+    tilt: float  # degrees of a steep tilt, or 0
+
+
+@dataclass(frozen=True)
+class Ground:
+    """What the text is painted on, and in which colour."""
+
+    style: str
+    photo: str | None  # the file of style PHOTO
+    pixels: np.ndarray  # [height, width, 3] float32 in 0..255
+    light: bool  # a light background
+    light_text: bool
+    text_color: np.ndarray  # RGB float32
+
+
 def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample:
-    """Sample `index` of `split`."""
+    """Sample `index` of `split`, in the order a line of print is made and then photographed: the text set
+    in a font, the canvas painted behind it, the ink and its effects, then the geometry, crop and
+    degradations. Each step draws from the sample's generators in turn: reordering them changes the data."""
     rng, noise = sample_generators(seed, split, index)
+    lettering = set_text(plan, rng, split)
+    frame = frame_text(rng, lettering)
+    ground = paint_ground(plan, rng, noise, split, frame)
+    effects: list[str] = []  # the names of those applied, in order, for the record
+    ink, mask, neighbours = draw_ink(plan, rng, lettering, frame, effects)
+    canvas = paint_ink(rng, ink, lettering, frame, ground, effects)
+    if len(lettering.pieces) > 1:
+        effects.append("letter spacing or curve")
+    if frame.tilt:
+        effects.append("tilt")
+    image = transform_and_crop(rng, canvas, mask, frame, lettering.size, neighbours, effects)
+    image = degrade(image, rng, noise, effects)
+    new_width = min(MAX_WIDTH, max(MIN_WIDTH, round(image.width * IMAGE_HEIGHT / image.height)))
+    image = image.resize((new_width, IMAGE_HEIGHT), Image.Resampling.BILINEAR)
+    jpeg, quality = encode_jpeg(rng, image)
+    return Sample(jpeg, lettering.label, sample_meta(lettering, ground, effects, quality))
+
+
+def set_text(plan: RenderPlan, rng: random.Random, split: str) -> Lettering:
+    """A text, its label, and a font of `split` that has every character of it, laid out."""
     fonts = plan.fonts_for(split)
     text = plan.text.sample(rng)
     label = plan.text.label(text)
@@ -241,87 +301,116 @@ def render_sample(plan: RenderPlan, seed: int, split: str, index: int) -> Sample
     font = load_font(chosen.font.path, size)
     variation = vary(font, rng)
     pieces = layout(text, font, rng, size)
+    width = max(x + font.getlength(piece) for piece, x, _ in pieces)
+    return Lettering(text, label, chosen, size, font, variation, pieces, width)
 
-    ascent, descent = font.getmetrics()
-    width_of_text = max(x + font.getlength(piece) for piece, x, _ in pieces)
-    tilt = steep_tilt(rng, text)
+
+def frame_text(rng: random.Random, lettering: Lettering) -> Frame:
+    """The canvas for `lettering`, with its steep tilt if it gets one."""
+    tilt = steep_tilt(rng, lettering.text)
+    ascent, descent = lettering.font.getmetrics()
     # Room for the crop's margins and what the geometry moves in; a tilt lifts the text's ends too.
-    margin = size
-    margin_y = round(margin + 0.5 * width_of_text * abs(np.sin(np.radians(tilt))))
-    width, height = round(width_of_text + 2 * margin), round(ascent + descent + 2 * margin_y)
-    origin = (margin, margin_y + ascent)
+    margin = lettering.size
+    margin_y = round(margin + 0.5 * lettering.width * abs(np.sin(np.radians(tilt))))
+    width, height = round(lettering.width + 2 * margin), round(ascent + descent + 2 * margin_y)
+    return Frame(width, height, margin, margin_y, (margin, margin_y + ascent), tilt)
 
+
+def paint_ground(plan: RenderPlan, rng: random.Random, noise: np.random.Generator, split: str,
+                 frame: Frame) -> Ground:
+    """A background of one of `split`'s styles, and a text colour that contrasts with it where the text is."""
     styles, photos = plan.styles_for(split)
     style = rng.choice(styles)
-    light_background = rng.random() < 0.7
+    light = rng.random() < 0.7
     photo = rng.choice(photos) if style == PHOTO else None
-    background = paint(style, rng, noise, width, height, light_background, photo)
-    background_luminance = float(luminance(background[margin_y:height - margin_y, margin:width - margin].mean((0, 1))))
+    pixels = paint(style, rng, noise, frame.width, frame.height, light, photo)
+    behind_text = pixels[frame.margin_y:frame.height - frame.margin_y, frame.margin:frame.width - frame.margin]
+    background_luminance = float(luminance(behind_text.mean((0, 1))))
     light_text = background_luminance < 128
-    color = text_color(rng, background_luminance, light_text)
+    return Ground(style, photo, pixels, light, light_text, text_color(rng, background_luminance, light_text))
 
-    ink = Image.new("L", (width, height), 0)  # everything drawn in the text's colour
-    draw_pieces(ImageDraw.Draw(ink), pieces, origin, font, 255)
+
+def draw_ink(plan: RenderPlan, rng: random.Random, lettering: Lettering, frame: Frame,
+             effects: list[str]) -> tuple[Image.Image, Image.Image, bool]:
+    """The ink: everything drawn in the text's colour (the text; now and then words beside it, or a line
+    above or below), as an "L" image; the mask the crop is fitted to; and whether there are neighbours."""
+    font, origin = lettering.font, frame.origin
+    ink = Image.new("L", (frame.width, frame.height), 0)
+    draw_pieces(ImageDraw.Draw(ink), lettering.pieces, origin, font, 255)
     # What the crop is fitted to: the text's ink, and at least cap height above the baseline, so words
     # without capitals or ascenders are drawn at the same scale as the rest ("o" smaller than "O").
     mask = ink.copy()
     cap_top = font.getbbox("H", anchor="ls")[1]
-    ImageDraw.Draw(mask).rectangle((origin[0], origin[1] + cap_top, origin[0] + width_of_text, origin[1]), fill=255)
-    effects = []
+    ImageDraw.Draw(mask).rectangle((origin[0], origin[1] + cap_top, origin[0] + lettering.width, origin[1]), fill=255)
     neighbours = rng.random() < 0.2
     if neighbours:  # words on either side on the line, of at least 3 characters: the crop cuts them
         effects.append("neighbours")
         gap = font.getlength(" ") * rng.uniform(1.0, 2.5)
         draw = ImageDraw.Draw(ink)
         draw.text((origin[0] - gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255, anchor="rs")
-        draw.text((origin[0] + width_of_text + gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255,
+        draw.text((origin[0] + lettering.width + gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255,
                   anchor="ls")
     if rng.random() < 0.12:  # a line above or below, of which the crop keeps an edge
         effects.append("line above or below")
-        line_offset = (ascent + descent) * rng.uniform(0.95, 1.3) * rng.choice((-1, 1))
-        ImageDraw.Draw(ink).text((origin[0] + rng.uniform(-size, size), origin[1] + line_offset),
+        line_offset = sum(font.getmetrics()) * rng.uniform(0.95, 1.3) * rng.choice((-1, 1))
+        ImageDraw.Draw(ink).text((origin[0] + rng.uniform(-lettering.size, lettering.size), origin[1] + line_offset),
                                  plan.text.sample(rng) + " " + plan.text.sample(rng), font=font, fill=255, anchor="ls")
+    return ink, mask, neighbours
 
-    canvas = Image.fromarray(background.astype(np.uint8))
+
+def paint_ink(rng: random.Random, ink: Image.Image, lettering: Lettering, frame: Frame, ground: Ground,
+              effects: list[str]) -> Image.Image:
+    """The background with the ink in the text's colour, now and then over a shadow or inside an outline."""
+    canvas = Image.fromarray(ground.pixels.astype(np.uint8))
     if rng.random() < 0.1:  # shadow
         effects.append("shadow")
         dx, dy = rng.choice((-1, 1)) * rng.randint(1, 3), rng.randint(1, 3)
         shadow = ImageChops.offset(ink, dx, dy).filter(ImageFilter.GaussianBlur(rng.uniform(0, 1.5)))
-        shade = tuple(int(c) for c in np.clip(background.mean((0, 1)) * (0.4 if light_background else 1.8), 0, 255))
+        shade = tuple(int(c) for c in np.clip(ground.pixels.mean((0, 1)) * (0.4 if ground.light else 1.8), 0, 255))
         canvas.paste(shade, mask=shadow)
     if rng.random() < 0.08:  # outlined letters: a stroke of another colour around the ink
         effects.append("outline")
-        outline = Image.new("L", (width, height), 0)
-        draw_pieces(ImageDraw.Draw(outline), pieces, origin, font, 255, stroke=rng.randint(1, 2))
+        outline = Image.new("L", (frame.width, frame.height), 0)
+        draw_pieces(ImageDraw.Draw(outline), lettering.pieces, frame.origin, lettering.font, 255,
+                    stroke=rng.randint(1, 2))
+        color = ground.text_color
         outline_color = text_color(rng, float(luminance(color)), light_text=luminance(color) < 128)
         canvas.paste(tuple(int(c) for c in outline_color), mask=outline)
-    canvas.paste(tuple(int(c) for c in color), mask=ink)
+    canvas.paste(tuple(int(c) for c in ground.text_color), mask=ink)
+    return canvas
 
-    if len(pieces) > 1:
-        effects.append("letter spacing or curve")
-    if tilt:
-        effects.append("tilt")
-    transform = geometry(rng, width, height, tilt)
+
+def transform_and_crop(rng: random.Random, canvas: Image.Image, mask: Image.Image, frame: Frame, size: int,
+                       neighbours: bool, effects: list[str]) -> Image.Image:
+    """`canvas` through geometry(), cropped around the text as `mask`, moved alike, shows it."""
+    transform = geometry(rng, frame.width, frame.height, frame.tilt)
     if transform is not None:
         effects.append("rotation or shear" if transform[0] == Image.Transform.AFFINE else "perspective")
         kind, coefficients = transform
         canvas = canvas.transform(canvas.size, kind, coefficients, Image.Resampling.BILINEAR)
         mask = mask.transform(mask.size, kind, coefficients, Image.Resampling.BILINEAR)
     box = (mask.point(lambda value: 255 if value > 64 else 0).getbbox()
-           or (margin, margin_y, width - margin, height - margin_y))
-    image = canvas.crop(crop_box(rng, box, size, width, height, neighbours))
+           or (frame.margin, frame.margin_y, frame.width - frame.margin, frame.height - frame.margin_y))
+    return canvas.crop(crop_box(rng, box, size, frame.width, frame.height, neighbours))
 
-    image = degrade(image, rng, noise, effects)
-    new_width = min(MAX_WIDTH, max(MIN_WIDTH, round(image.width * IMAGE_HEIGHT / image.height)))
-    image = image.resize((new_width, IMAGE_HEIGHT), Image.Resampling.BILINEAR)
+
+def encode_jpeg(rng: random.Random, image: Image.Image) -> tuple[bytes, int]:
+    """`image` as a JPEG, now and then of low quality (its artefacts are a degradation too), and the quality."""
     buffer = io.BytesIO()
     quality = rng.randint(30, 60) if rng.random() < 0.25 else rng.randint(75, 95)
     image.save(buffer, format="JPEG", quality=quality)
-    meta = {"text": text, "font": chosen.font.family,
-            "file": chosen.font.path.rsplit("/", 1)[-1] if chosen.font.path else "built-in", "variation": variation,
-            "background": style, **({"photo": Path(photo).name} if photo else {}), "polarity": "light on dark" if light_text else "dark on light",
-            "effects": effects, "jpeg_quality": quality}
-    return Sample(buffer.getvalue(), label, meta)
+    return buffer.getvalue(), quality
+
+
+def sample_meta(lettering: Lettering, ground: Ground, effects: list[str], quality: int) -> dict:
+    """What made a sample: the record stored beside it, which the held-out checks read."""
+    font = lettering.coverage.font
+    return {"text": lettering.text, "font": font.family,
+            "file": font.path.rsplit("/", 1)[-1] if font.path else "built-in", "variation": lettering.variation,
+            "background": ground.style,
+            **({"photo": Path(ground.photo).name} if ground.photo else {}),
+            "polarity": "light on dark" if ground.light_text else "dark on light", "effects": effects,
+            "jpeg_quality": quality}
 
 
 def encode_meta(meta: dict) -> bytes:

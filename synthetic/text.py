@@ -67,6 +67,12 @@ def letters(rng: random.Random, count: int) -> str:
     return "".join(rng.choices("ABCDEFGHJKLMNPQRSTUVWXYZ", k=count))
 
 
+def ordinal(number: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 # Numbers as they occur in print. Each is drawn only where the alphabet has its characters.
 NUMBER_FORMS: dict[str, Callable[[random.Random], str]] = {
     "digit run": lambda rng: digits(rng, rng.choice((1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8))),
@@ -77,7 +83,8 @@ NUMBER_FORMS: dict[str, Callable[[random.Random], str]] = {
                                      digits(rng, rng.randint(1, 3)) + letters(rng, rng.randint(1, 2)),
                                      letters(rng, 1) + digits(rng, 2) + letters(rng, 1) + digits(rng, 1))),
     "price": lambda rng: f"{rng.randint(0, 999)}.{digits(rng, 2)}",
-    "price with currency": lambda rng: rng.choice("$€£") + f"{rng.randint(1, 999)}" + rng.choice(("", f".{digits(rng, 2)}")),
+    "price with currency": lambda rng: (rng.choice("$€£") + f"{rng.randint(1, 999)}"
+                                        + rng.choice(("", f".{digits(rng, 2)}"))),
     "thousands": lambda rng: f"{rng.randint(1, 99)},{digits(rng, 3)}",
     "date": lambda rng: rng.choice((f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/{rng.randint(1970, 2035)}",
                                      f"{rng.randint(1970, 2035)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
@@ -85,8 +92,7 @@ NUMBER_FORMS: dict[str, Callable[[random.Random], str]] = {
     "time": lambda rng: f"{rng.randint(0, 23)}:{rng.randint(0, 59):02d}",
     "percentage": lambda rng: f"{rng.randint(1, 100)}%",
     "phone": lambda rng: f"{digits(rng, 3)}-{digits(rng, 4)}",
-    "ordinal": lambda rng: (lambda n: f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}")(
-        rng.randint(1, 120)),
+    "ordinal": lambda rng: ordinal(rng.randint(1, 120)),
     "hyphenated code": lambda rng: f"{letters(rng, rng.randint(1, 3))}-{digits(rng, rng.randint(2, 4))}",
 }
 

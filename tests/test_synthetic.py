@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from synthetic.text import MARKS
+from synthetic.backgrounds import HELD_OUT_STYLES, PAINTERS, TRAIN_STYLES, paint
+from synthetic.text import MARKS, ordinal
 from tests.conftest import read_lmdb, run_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
@@ -110,7 +112,8 @@ def test_other_seed_other_samples(seed0, tmp_path):
 def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
     labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
-    words = set((Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt").read_text().lower().split())
+    word_list = Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt"
+    words = set(word_list.read_text().lower().split())
     in_list = sum(label in words for label in labels)
     numbers = sum(label.isdigit() for label in labels)
     assert 0.35 * len(labels) < in_list < 0.8 * len(labels)
@@ -244,6 +247,22 @@ def test_some_short_texts_are_steeply_tilted_in_an_upright_crop(dejavu, tmp_path
     # At 32 px high, a tilted word of 6 to 8 characters is narrower than a level one.
     tilted_long = [width for width, meta in tilted if len(meta["text"]) >= 6]
     assert np.median(tilted_long) < 0.8 * np.median(level)
+
+
+def test_every_background_style_has_one_painter_and_an_unknown_style_is_named():
+    assert sorted(PAINTERS) == sorted(TRAIN_STYLES + HELD_OUT_STYLES)
+    for style in PAINTERS:
+        for light in (True, False):
+            background = paint(style, random.Random(0), np.random.default_rng(0), 40, 16, light)
+            assert background.shape == (16, 40, 3) and background.dtype == np.float32
+            assert 0 <= background.min() and background.max() <= 255
+    with pytest.raises(ValueError, match="unknown background style 'nope'"):
+        paint("nope", random.Random(0), np.random.default_rng(0), 40, 16, True)
+
+
+def test_ordinals_take_the_suffix_print_gives_them():
+    assert [ordinal(number) for number in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112, 120)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th", "120th"]
 
 
 @pytest.mark.parametrize("options, message", [
