@@ -277,7 +277,7 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
     input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
     precision = choose_precision(precision, env.device, model, input_shape, training=True, memory_format=memory_format,
                                  log=log, is_main=env.is_main, group=env.cpu_group)
-    optimizer, scheduler = build_optimizer(config, model)
+    optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
     average = WeightAverage(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None

@@ -11,7 +11,7 @@ from training.optim import OPTIMIZERS, SCHEDULES, build_optimizer
 
 
 def learning_rates(config, steps: int) -> list[float]:
-    optimizer, scheduler = build_optimizer(config, nn.Linear(2, 2))
+    optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, nn.Linear(2, 2))
     rates = []
     for _ in range(steps):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -30,7 +30,7 @@ def test_the_learning_rate_warms_up_linearly_then_follows_the_schedule():
     config.optim.schedule = "constant"
     assert learning_rates(config, 16)[4:] == pytest.approx([1.0] * 12)
     config.optim.name = "adadelta"
-    optimizer, _ = build_optimizer(config, nn.Linear(2, 2))
+    optimizer, _ = build_optimizer(config.optim, config.train.max_steps, nn.Linear(2, 2))
     assert isinstance(optimizer, torch.optim.Adadelta) and optimizer.defaults["rho"] == 0.95
 
 
@@ -44,5 +44,5 @@ def test_an_entry_added_to_a_table_is_a_name_the_config_takes(monkeypatch):
         validate(config)
     monkeypatch.setitem(optim.SCHEDULES, "linear", lambda progress, settings: 1 - progress)
     validate(config)
-    optimizer, scheduler = build_optimizer(config, nn.Linear(2, 2))
+    optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, nn.Linear(2, 2))
     assert isinstance(optimizer, torch.optim.SGD) and scheduler.lr_lambdas[0](config.train.max_steps) == 0

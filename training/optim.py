@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # for the annotations only: training.config imports this module to read its tables
-    from training.config import Config, OptimConfig
+# `optim` below is the config's optim section (training.config.OptimConfig). It is not imported for
+# its name: training.config imports this module to read the tables, and imports run one way.
+OptimSection = Any
 
 # optim.name -> the optimizer over a model's parameters, with optim.lr and optim.weight_decay.
-OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimConfig], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.optim.Optimizer]] = {
     # Fused: one kernel for all parameters instead of a loop over them, 1.4 ms against 5-8 ms a step
     # for configs/crnn.yaml's model on one CPU thread (docs/performance.md).
     "adam": lambda parameters, optim: torch.optim.Adam(parameters, lr=optim.lr, weight_decay=optim.weight_decay,
@@ -32,18 +33,17 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimConfig], torch.opti
 }
 
 # optim.schedule -> the factor of optim.lr after the warm-up, from the share of those steps done (0 to 1).
-SCHEDULES: dict[str, Callable[[float, OptimConfig], float]] = {
+SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {
     "cosine": lambda progress, optim: (optim.min_lr_ratio
                                        + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))),
     "constant": lambda progress, optim: 1.0,
 }
 
 
-def build_optimizer(config: Config, model: nn.Module
+def build_optimizer(optim: OptimSection, max_steps: int, model: nn.Module
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The run's optimizer over `model`'s parameters, and its learning rate: a linear warm-up over
-    optim.warmup_steps, then the schedule over the rest of train.max_steps."""
-    optim = config.optim
+    optim.warmup_steps, then the schedule over the rest of the `max_steps` (train.max_steps)."""
     optimizer = OPTIMIZERS[optim.name](model.parameters(), optim)
     schedule = SCHEDULES[optim.schedule]
 
@@ -51,7 +51,7 @@ def build_optimizer(config: Config, model: nn.Module
         # Linear warm-up: large early steps push a CTC model into predicting blanks everywhere.
         if step < optim.warmup_steps:
             return (step + 1) / optim.warmup_steps
-        progress = (step - optim.warmup_steps) / max(1, config.train.max_steps - optim.warmup_steps)
+        progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
         return schedule(min(progress, 1.0), optim)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
