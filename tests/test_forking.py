@@ -150,3 +150,46 @@ def test_a_new_backbone_is_one_module_and_one_import_line(fork, synth):
     convolutions = {f"features.{2 * index}.{tensor}" for index in range(3) for tensor in ("weight", "bias")}
     assert set(checkpoint["model"]) == convolutions | {"classify.weight", "classify.bias"}
     assert checkpoint["model"]["features.0.weight"].shape == (32, 1, 3, 3)
+
+
+def add_entry(path: Path, table_start: str, entry: str) -> None:
+    """Put `entry` as the first item of the table whose opening line is `table_start`, as a fork edits it."""
+    text = path.read_text()
+    assert text.count(table_start) == 1, f"{path} has no single line {table_start!r}: the README row is out of date"
+    path.write_text(text.replace(table_start, f"{table_start}\n{entry}"))
+
+
+def test_a_new_optimizer_and_schedule_are_one_entry_each(fork, synth):
+    optim = fork.root / "training" / "optim.py"
+    add_entry(optim, "OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.optim.Optimizer]] = {",
+              '    "sgd": lambda parameters, optim: torch.optim.SGD(parameters, lr=optim.lr, momentum=0.9),')
+    add_entry(optim, "SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {",
+              '    "step": lambda progress, optim: 1.0 if progress < 0.5 else 0.1,')
+
+    run = fork.train(*trained_on(synth), "optim.name=sgd", "optim.schedule=step", "optim.warmup_steps=0",
+                     "optim.lr=0.01", "train.save_every=3")
+    checkpoint = torch.load(run / "last.pt", weights_only=True)
+    assert checkpoint["config"]["optim"]["name"] == "sgd"
+    group = checkpoint["optimizer"]["param_groups"][0]
+    assert group["momentum"] == 0.9 and "betas" not in group  # SGD's state, not Adam's
+    assert all("momentum_buffer" in state for state in checkpoint["optimizer"]["state"].values())
+    # After 3 of 3 steps the step schedule is at 0.1 of optim.lr (cosine would end at min_lr_ratio, 0.05).
+    assert group["lr"] == pytest.approx(0.001)
+    assert [record["lr"] for record in metrics(run) if "lr" in record][-1] == pytest.approx(0.001)
+
+
+def test_a_new_augmentation_is_one_entry_and_its_config_key_comes_with_it(fork, synth):
+    # Erase a patch of every image: a run with it trains on other pixels than one without.
+    add_entry(fork.root / "data" / "augment.py", "AUGMENTATIONS = (",
+              '    AugmentationStep("erase", probability={"none": 0.0, "light": 0.1, "strong": 0.2},\n'
+              '                     build=lambda strength, fill, p: v2.RandomErasing(p=p, value=0)),')
+    plain = fork.train(*trained_on(synth), "data.augment=none", out_dir="runs/plain")
+    erased = fork.train(*trained_on(synth), "data.augment=none", "augment.erase=1.0", out_dir="runs/erased")
+
+    assert torch.load(erased / "best.pt", weights_only=True)["config"]["augment"]["erase"] == 1.0
+    losses = [[record["loss"] for record in metrics(run) if "loss" in record] for run in (plain, erased)]
+    assert losses[0] and losses[1] and losses[0] != losses[1]
+    # Same seed, one thread, fp32: without the new key the run repeats itself exactly, so the difference
+    # above is the augmentation's.
+    again = fork.train(*trained_on(synth), "data.augment=none", out_dir="runs/again")
+    assert [record["loss"] for record in metrics(again) if "loss" in record] == losses[0]
