@@ -9,6 +9,7 @@
 Options after the config file are dotted overrides: optim.lr=3e-4 data.train=[datasets/a,datasets/b].
 `train.batch_size` is the global batch: each of the N processes takes batch_size / N.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,8 +123,10 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         if lock is not None:
             unlock_run_folder(lock)
     best = f"{run.state.best_accuracy:.4f}" if run.state.best_accuracy >= 0 else "none yet"
-    log.info(f"done: step {run.state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
-             f"{config.train.out_dir}")
+    log.info(
+        f"done: step {run.state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
+        f"{config.train.out_dir}"
+    )
 
 
 def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> RunFolderLock | None:
@@ -137,8 +140,10 @@ def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> RunFolderLock 
             refusal = str(error)
         else:
             if leftovers:
-                log.info(f"removed {len(leftovers)} temporary file(s) a run killed while writing left: "
-                         f"{', '.join(path.name for path in leftovers)}")
+                log.info(
+                    f"removed {len(leftovers)} temporary file(s) a run killed while writing left: "
+                    f"{', '.join(path.name for path in leftovers)}"
+                )
     refusal = broadcast_object(refusal, group=env.cpu_group)
     if refusal:
         raise ConfigError(refusal)
@@ -152,10 +157,17 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
     log.start_progress(total=train.max_steps, initial=state.step)
     setup.sampler.set_steps(state.step, train.max_steps)  # the batches depend on the step alone
     for batch in setup.loader:
-        loss, infinite, taken = train_step(model, batch, optimizer=setup.optimizer, scaler=setup.scaler,
-                                           grad_clip=run.config.optim.grad_clip, device=run.env.device,
-                                           precision=setup.precision, memory_format=setup.memory_format,
-                                           average=setup.average)
+        loss, infinite, taken = train_step(
+            model,
+            batch,
+            optimizer=setup.optimizer,
+            scaler=setup.scaler,
+            grad_clip=run.config.optim.grad_clip,
+            device=run.env.device,
+            precision=setup.precision,
+            memory_format=setup.memory_format,
+            average=setup.average,
+        )
         setup.scheduler.step()
         state.step += 1
         state.window.add(loss if taken else None, infinite, batch.num_dropped, len(batch.labels))
@@ -185,8 +197,10 @@ def parse_args() -> argparse.Namespace:
     args, unknown = parser.parse_known_intermixed_args()
     if unknown:
         option = unknown[0]
-        raise ConfigError(f"unknown option {option}; overrides are written without dashes, as key=value: "
-                          f"{option.lstrip('-')}" + ("" if "=" in option else "=VALUE"))
+        raise ConfigError(
+            f"unknown option {option}; overrides are written without dashes, as key=value: "
+            f"{option.lstrip('-')}" + ("" if "=" in option else "=VALUE")
+        )
     return args
 
 
@@ -203,14 +217,25 @@ def load_run_config(config_file: str | None, overrides: list[str]) -> Config:
     world_size = read_env()[2]
     # Checked before any process group exists, so every rank stops with this message instead of hanging.
     if config.train.batch_size % world_size or config.train.eval_batch_size % world_size:
-        raise ConfigError(f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
-                          f"{config.train.eval_batch_size} must divide by the {world_size} processes")
+        raise ConfigError(
+            f"train.batch_size={config.train.batch_size} and train.eval_batch_size="
+            f"{config.train.eval_batch_size} must divide by the {world_size} processes"
+        )
     return config
 
 
-def train_step(model: nn.Module, batch: Batch, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-               grad_clip: float, device: torch.device, precision: str, memory_format: torch.memory_format,
-               average: WeightAverage | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def train_step(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    grad_clip: float,
+    device: torch.device,
+    precision: str,
+    memory_format: torch.memory_format,
+    average: WeightAverage | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One optimizer step, and the weight average's when there is one. Returns the loss and the count
     of infinite losses (left on the device), and whether the step was taken: one with a NaN or
     infinite gradient norm is skipped, and leaves the whole model as it was, buffers included."""
@@ -245,8 +270,9 @@ def train_step(model: nn.Module, batch: Batch, *, optimizer: torch.optim.Optimiz
     return loss, infinite, taken
 
 
-def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print,
-                recorded_precision: str | None = None) -> Setup:
+def build_setup(
+    config: Config, env: DistEnv, log: Callable[[str], None] = print, recorded_precision: str | None = None
+) -> Setup:
     """Everything the run trains with. `recorded_precision`: the one a resumed run measured at its start,
     kept under `auto` so that the run goes on as it began."""
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -261,13 +287,20 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
         model = convert_sync_batchnorm(model, env.device)
     cache = index_cache_dir(data.index_cache)
     remove_unknown = data.unknown_characters == "remove"
-    train_sets = [LmdbDataset(root, codec, frames, build_transform(config, train=True), remove_unknown=remove_unknown,
-                              index_cache=cache) for root in data.train]
+    train_sets = [
+        LmdbDataset(
+            root, codec, frames, build_transform(config, train=True), remove_unknown=remove_unknown, index_cache=cache
+        )
+        for root in data.train
+    ]
     val_transform = build_transform(config)
-    val_sets = [LmdbDataset(root, codec, frames, val_transform, remove_unknown=remove_unknown, index_cache=cache)
-                for root in data.val]
-    loader, sampler = build_train_loader(train_sets, codec, config.train.batch_size, data.train_ratios or None,
-                                         config.train.seed, data.num_workers, env)
+    val_sets = [
+        LmdbDataset(root, codec, frames, val_transform, remove_unknown=remove_unknown, index_cache=cache)
+        for root in data.val
+    ]
+    loader, sampler = build_train_loader(
+        train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, data.num_workers, env
+    )
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model.to(env.device, memory_format=memory_format)
     precision = config.train.precision
@@ -275,15 +308,37 @@ def build_setup(config: Config, env: DistEnv, log: Callable[[str], None] = print
         log(f"precision auto: {recorded_precision}, as the run measured it at its start")
         precision = recorded_precision
     input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
-    precision = choose_precision(precision, env.device, model, input_shape, training=True, memory_format=memory_format,
-                                 log=log, is_main=env.is_main, group=env.cpu_group)
+    precision = choose_precision(
+        precision,
+        env.device,
+        model,
+        input_shape,
+        training=True,
+        memory_format=memory_format,
+        log=log,
+        is_main=env.is_main,
+        group=env.cpu_group,
+    )
     optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
     average = WeightAverage(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
-    return Setup(codec=codec, preprocessing=val_transform.preprocessing, model=model, frames=frames,
-                 train_sets=train_sets, val_sets=val_sets, loader=loader, sampler=sampler, precision=precision,
-                 memory_format=memory_format, optimizer=optimizer, scheduler=scheduler, scaler=scaler, average=average)
+    return Setup(
+        codec=codec,
+        preprocessing=val_transform.preprocessing,
+        model=model,
+        frames=frames,
+        train_sets=train_sets,
+        val_sets=val_sets,
+        loader=loader,
+        sampler=sampler,
+        precision=precision,
+        memory_format=memory_format,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        average=average,
+    )
 
 
 def wrap_for_training(model: nn.Module, env: DistEnv, compile: bool) -> nn.Module:
@@ -292,8 +347,9 @@ def wrap_for_training(model: nn.Module, env: DistEnv, compile: bool) -> nn.Modul
     if env.distributed:
         # Bucket views: gradients live in DDP's all-reduce buffers, no copy in or out. (static_graph=True
         # measured no gain here: docs/performance.md.)
-        model = DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda" else None,
-                                        gradient_as_bucket_view=True)
+        model = DistributedDataParallel(
+            model, device_ids=[env.device] if env.device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
     # Compiled around DDP, as PyTorch recommends: the compiler then splits graphs at bucket boundaries
     # so gradient all-reduces still overlap the backward pass.
     return torch.compile(model) if compile else model
@@ -313,8 +369,7 @@ def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> tuple[s
     return path, found[1] if env.is_main else load_checkpoint(path)
 
 
-def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tuple[str, dict[str, Any]] | None
-                     ) -> None:
+def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: tuple[str, dict[str, Any]] | None) -> None:
     """Only now, with the data read and the model built, does the run write to its folder: a start that
     fails leaves nothing there to bind the folder to a config."""
     if not env.is_main:
@@ -333,8 +388,12 @@ def build_val_loaders(run: Run, log: RunLog) -> list[DataLoader]:
     config, env, setup = run.config, run.env, run.setup
     for dataset in setup.train_sets + setup.val_sets:
         log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
-    loaders = [build_eval_loader(dataset, setup.codec, config.train.eval_batch_size // env.world_size,
-                                 config.data.num_workers, env) for dataset in setup.val_sets]
+    loaders = [
+        build_eval_loader(
+            dataset, setup.codec, config.train.eval_batch_size // env.world_size, config.data.num_workers, env
+        )
+        for dataset in setup.val_sets
+    ]
     # Their persistent workers are forked now, while no other thread runs: a fork at the first
     # validation, with DDP's threads busy, can deadlock the child on CPython < 3.12 (cpython#112275).
     for loader in loaders:
@@ -351,20 +410,28 @@ def resume(run: Run, log: RunLog, path: str, checkpoint: dict[str, Any]) -> None
     if changes:
         log.info("changed on resume (this run's values apply):\n  " + "\n  ".join(changes))
     if state.step > config.train.max_steps:  # the loop would end at once, having trained and saved nothing
-        raise ConfigError(f"train.max_steps={config.train.max_steps}: {path} is at step {state.step} already; set "
-                          f"train.max_steps above {state.step} to train it further")
+        raise ConfigError(
+            f"train.max_steps={config.train.max_steps}: {path} is at step {state.step} already; set "
+            f"train.max_steps above {state.step} to train it further"
+        )
     measured_on = checkpoint["config"]["data"]["val"]
     if measured_on != config.data.val:  # a score of other sets would block every best.pt of these
-        log.info(f"best val accuracy {state.best_accuracy:.4f} was measured on data.val {measured_on}; this run "
-                 f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
-                 f"best.pt")
+        log.info(
+            f"best val accuracy {state.best_accuracy:.4f} was measured on data.val {measured_on}; this run "
+            f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
+            f"best.pt"
+        )
         state.best_accuracy = TrainState.best_accuracy
     if checkpoint["data_sizes"] != sampler.sizes:
-        log.info(f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
-                 f"the batches from here on are not those the run would have seen (not an exact resume)")
+        log.info(
+            f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
+            f"the batches from here on are not those the run would have seen (not an exact resume)"
+        )
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    log.info(f"resumed from {path} at step {state.step} (epoch {state.step // sampler.batches_per_epoch}); "
-             f"torchrun restart {restart}")
+    log.info(
+        f"resumed from {path} at step {state.step} (epoch {state.step // sampler.batches_per_epoch}); "
+        f"torchrun restart {restart}"
+    )
 
 
 def keep_best_of_folder(run: Run, log: RunLog) -> None:
@@ -374,8 +441,10 @@ def keep_best_of_folder(run: Run, log: RunLog) -> None:
     kept = best_in_folder(config.train.out_dir, config.data.val, log.info) if env.is_main else None
     kept = broadcast_object(kept, group=env.cpu_group)
     if kept is not None and kept > state.best_accuracy:
-        log.info(f"{Path(config.train.out_dir) / 'best.pt'} scores {kept:.4f} on data.val; a validation must beat it "
-                 f"to replace it")
+        log.info(
+            f"{Path(config.train.out_dir) / 'best.pt'} scores {kept:.4f} on data.val; a validation must beat it "
+            f"to replace it"
+        )
         state.best_accuracy = kept
 
 
@@ -383,19 +452,25 @@ def restore_random_state(states: list[dict[str, Any]], env: DistEnv, log: RunLog
     if len(states) == env.world_size:
         restore_rng_state(states[env.rank], env.device)
     else:
-        log.info(f"warning: the checkpoint holds RNG states of {len(states)} processes, this run has "
-                 f"{env.world_size}: random streams restart (the data order is still exact)")
+        log.info(
+            f"warning: the checkpoint holds RNG states of {len(states)} processes, this run has "
+            f"{env.world_size}: random streams restart (the data order is still exact)"
+        )
 
 
 def describe_run(run: Run, log: RunLog) -> None:
     config, env, setup = run.config, run.env, run.setup
     per_process = config.train.batch_size // env.world_size
-    log.info(f"{config.model.arch}: {count_parameters(setup.model) / 1e6:.2f} M parameters, {setup.frames} frames "
-             f"per image, {setup.codec.num_classes - 1} characters")
-    log.info(f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
-             f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
-             f"{config.train.max_steps} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
-             f"steps per epoch")
+    log.info(
+        f"{config.model.arch}: {count_parameters(setup.model) / 1e6:.2f} M parameters, {setup.frames} frames "
+        f"per image, {setup.codec.num_classes - 1} characters"
+    )
+    log.info(
+        f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
+        f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
+        f"{config.train.max_steps} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
+        f"steps per epoch"
+    )
     for warning in config_warnings(config):
         log.info(f"warning: {warning}")
 
@@ -412,7 +487,8 @@ def check_skipped(run: Run, taken: bool, log: RunLog) -> None:
             f"{state.skipped_in_a_row} steps in a row up to step {state.step} had a NaN or infinite loss or gradient "
             f"(the limit is train.max_nonfinite_steps); stopping rather than training on garbage. Lower "
             f"optim.lr, keep optim.grad_clip on, or use fp32/bf16 instead of fp16; earlier checkpoints "
-            f"are in {config.train.out_dir}")
+            f"are in {config.train.out_dir}"
+        )
 
 
 def log_training(run: Run, log: RunLog) -> None:
@@ -421,8 +497,13 @@ def log_training(run: Run, log: RunLog) -> None:
     log_every, step = config.train.log_every, state.step
     window_steps = range((step - 1) // log_every * log_every, step)
     drawn = setup.sampler.drawn_per_dataset(window_steps)  # from the step alone: exact after a resume too
-    record = {"step": step, "epoch": step // setup.sampler.batches_per_epoch, "lr": setup.scheduler.get_last_lr()[0],
-              **state.window.record(env.world_size), "drawn": dict(zip(config.data.train, drawn))}
+    record = {
+        "step": step,
+        "epoch": step // setup.sampler.batches_per_epoch,
+        "lr": setup.scheduler.get_last_lr()[0],
+        **state.window.record(env.world_size),
+        "drawn": dict(zip(config.data.train, drawn)),
+    }
     log.metrics(record)
     log.advance({"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"})
 
@@ -439,12 +520,15 @@ def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog)
     total = sum(r["scored"] for r in results.values())
     accuracy = sum(r["accuracy"] * r["scored"] for r in results.values()) / max(total, 1)
     for root, result in results.items():
-        log.info(f"step {state.step} val {root}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                                             for k, v in result.items()))
+        log.info(
+            f"step {state.step} val {root}: "
+            + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
+        )
         log.metrics({"step": state.step, "val": root, **result})
     if log.takes_images and setup.val_sets:
-        log.image("val/samples", state.step, caption_grid(decode_samples(model, setup.val_sets[0], setup.codec,
-                                                                         env.device)))
+        log.image(
+            "val/samples", state.step, caption_grid(decode_samples(model, setup.val_sets[0], setup.codec, env.device))
+        )
     if accuracy > state.best_accuracy and env.is_main:
         save_checkpoint(Path(config.train.out_dir) / "best.pt", run.weights(accuracy))
     state.best_accuracy = max(state.best_accuracy, accuracy)

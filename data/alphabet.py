@@ -2,6 +2,7 @@
 
 Kept free of torch so that data tools start fast.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,17 +35,23 @@ def load_alphabet(spec: str) -> str:
     if path.is_dir():
         raise ValueError(f"alphabet file {spec!r} is a folder; give a file with one character per line")
     if not path.is_file():
-        raise FileNotFoundError(f"alphabet file {spec!r} does not exist (a value ending in '{path.suffix}' names a file,"
-                                f" one character per line; check the path, relative to the working directory; to mean these characters,"
-                                f" move the '.' elsewhere in the alphabet)")
+        raise FileNotFoundError(
+            f"alphabet file {spec!r} does not exist (a value ending in '{path.suffix}' names a file,"
+            f" one character per line; check the path, relative to the working directory; to mean these characters,"
+            f" move the '.' elsewhere in the alphabet)"
+        )
     characters = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         line = unicodedata.normalize("NFC", line)
         if not line:
-            raise ValueError(f"{spec}:{number}: empty line; {BLANK_IS_IMPLICIT}: delete the line"
-                             " (write a space as a line holding a single space)")
+            raise ValueError(
+                f"{spec}:{number}: empty line; {BLANK_IS_IMPLICIT}: delete the line"
+                " (write a space as a line holding a single space)"
+            )
         if line.strip().strip("<>[]{}").lower() in BLANK_TOKEN_NAMES:
-            raise ValueError(f"{spec}:{number}: {line!r} looks like a blank token; {BLANK_IS_IMPLICIT}: delete the line")
+            raise ValueError(
+                f"{spec}:{number}: {line!r} looks like a blank token; {BLANK_IS_IMPLICIT}: delete the line"
+            )
         if len(line) != 1:
             raise ValueError(
                 f"{spec}:{number}: expected exactly one character per line, got {line!r}"
@@ -68,6 +75,7 @@ def check_alphabet(alphabet: str, source: str = "alphabet", lines: bool = False)
 
     `lines`: the alphabet came from a file, one character per line, so positions are named as lines.
     """
+
     def where(position: int) -> str:
         return f"{source}:{position + 1}" if lines else f"{source}: position {position}"
 
@@ -77,11 +85,15 @@ def check_alphabet(alphabet: str, source: str = "alphabet", lines: bool = False)
     for position, char in enumerate(alphabet):
         if char in seen:
             first = f"line {seen[char] + 1}" if lines else f"position {seen[char]}"
-            raise ValueError(f"{where(position)}: character {char!r} appears twice (first at {first});"
-                             " every character must be listed once")
+            raise ValueError(
+                f"{where(position)}: character {char!r} appears twice (first at {first});"
+                " every character must be listed once"
+            )
         # Control characters never appear in rendered text; "\x00" is a common stand-in for the blank.
         if unicodedata.category(char) == "Cc":
-            raise ValueError(f"{where(position)}: control character {char!r} (U+{ord(char):04X}) cannot be an alphabet"
-                             " character; remove it (if it stood for the CTC blank: the blank is class 0 and added"
-                             " by the codec)")
+            raise ValueError(
+                f"{where(position)}: control character {char!r} (U+{ord(char):04X}) cannot be an alphabet"
+                " character; remove it (if it stood for the CTC blank: the blank is class 0 and added"
+                " by the codec)"
+            )
         seen[char] = position

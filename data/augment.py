@@ -8,6 +8,7 @@ sample draws from a generator seeded by its own seed (train.seed, the step and i
 batch, see data.samplers), never from a process's global random state: a resumed run, a run on another
 number of processes or workers, sees the same augmented images. Evaluation and prediction never augment.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -44,34 +45,58 @@ class AugmentationStep:
 AUGMENTATIONS = (
     # A small rotation, shear, scale and shift.
     AugmentationStep(
-        "affine", probability={"none": 0.0, "light": 0.3, "strong": 0.6},
-        strength={"light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05)},
-                  "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1)}},
-        build=lambda strength, fill, p: v2.RandomApply([v2.RandomAffine(
-            strength["degrees"], translate=strength["translate"], scale=strength["scale"], shear=strength["shear"],
-            fill=fill)], p=p)),
+        "affine",
+        probability={"none": 0.0, "light": 0.3, "strong": 0.6},
+        strength={
+            "light": {"degrees": 2, "shear": 6, "scale": (0.9, 1.05), "translate": (0.02, 0.05)},
+            "strong": {"degrees": 4, "shear": 12, "scale": (0.8, 1.1), "translate": (0.03, 0.1)},
+        },
+        build=lambda strength, fill, p: v2.RandomApply(
+            [
+                v2.RandomAffine(
+                    strength["degrees"],
+                    translate=strength["translate"],
+                    scale=strength["scale"],
+                    shear=strength["shear"],
+                    fill=fill,
+                )
+            ],
+            p=p,
+        ),
+    ),
     AugmentationStep(
-        "perspective", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        "perspective",
+        probability={"none": 0.0, "light": 0.2, "strong": 0.4},
         strength={"light": 0.15, "strong": 0.3},  # distortion
-        build=lambda distortion, fill, p: v2.RandomPerspective(distortion, p=p, fill=fill)),
+        build=lambda distortion, fill, p: v2.RandomPerspective(distortion, p=p, fill=fill),
+    ),
     # Brightness and contrast.
     AugmentationStep(
-        "color", probability={"none": 0.0, "light": 0.4, "strong": 0.7},
+        "color",
+        probability={"none": 0.0, "light": 0.4, "strong": 0.7},
         strength={"light": {"brightness": 0.3, "contrast": 0.3}, "strong": {"brightness": 0.5, "contrast": 0.5}},
         build=lambda strength, fill, p: v2.RandomApply(
-            [v2.ColorJitter(brightness=strength["brightness"], contrast=strength["contrast"])], p=p)),
+            [v2.ColorJitter(brightness=strength["brightness"], contrast=strength["contrast"])], p=p
+        ),
+    ),
     # Light text on dark.
     AugmentationStep(
-        "invert", probability={"none": 0.0, "light": 0.1, "strong": 0.2},
-        build=lambda strength, fill, p: v2.RandomInvert(p=p)),
+        "invert",
+        probability={"none": 0.0, "light": 0.1, "strong": 0.2},
+        build=lambda strength, fill, p: v2.RandomInvert(p=p),
+    ),
     AugmentationStep(
-        "blur", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        "blur",
+        probability={"none": 0.0, "light": 0.2, "strong": 0.4},
         strength={"light": (0.1, 1.0), "strong": (0.1, 1.6)},  # sigma
-        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianBlur(5, sigma=sigma)], p=p)),
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianBlur(5, sigma=sigma)], p=p),
+    ),
     AugmentationStep(
-        "noise", probability={"none": 0.0, "light": 0.2, "strong": 0.4},
+        "noise",
+        probability={"none": 0.0, "light": 0.2, "strong": 0.4},
         strength={"light": 0.03, "strong": 0.06},  # sigma
-        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p)),
+        build=lambda sigma, fill, p: v2.RandomApply([v2.GaussianNoise(sigma=sigma)], p=p),
+    ),
 )
 PROBABILITIES = {level: {step.name: step.probability[level] for step in AUGMENTATIONS} for level in LEVELS}
 
@@ -86,8 +111,10 @@ class Augmentation:
     @classmethod
     def from_config(cls, level: str, overrides: dict[str, float | None]) -> Augmentation | None:
         """The level's probabilities with the overrides that are set; None when every one is 0."""
-        probabilities = {name: value if (value := overrides.get(name)) is not None else PROBABILITIES[level][name]
-                         for name in PROBABILITIES[level]}
+        probabilities = {
+            name: value if (value := overrides.get(name)) is not None else PROBABILITIES[level][name]
+            for name in PROBABILITIES[level]
+        }
         return cls(level, probabilities) if any(probabilities.values()) else None
 
     def __call__(self, pixels: Tensor, seed: int) -> Tensor:
@@ -95,8 +122,9 @@ class Augmentation:
         # shape the model never meets in real crops.
         border = torch.cat([pixels[:, 0], pixels[:, -1], pixels[:, :, 0], pixels[:, :, -1]], dim=1)
         fill = border.median(dim=1).values.tolist()
-        pipeline = v2.Compose([step.build(step.strength_at(self.level), fill, self.probabilities[step.name])
-                               for step in AUGMENTATIONS])
+        pipeline = v2.Compose(
+            [step.build(step.strength_at(self.level), fill, self.probabilities[step.name]) for step in AUGMENTATIONS]
+        )
         # v2 draws from torch's default CPU generator: seeded here for this sample, and given back its
         # state after, so the caller's (the main process's or a worker's) random stream is untouched.
         # (The generator's own methods: torch.manual_seed would cost a millisecond of stack capture.)

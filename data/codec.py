@@ -2,6 +2,7 @@
 
 Class 0 is the CTC blank; the alphabet's characters are classes 1..N, in the order given.
 """
+
 from __future__ import annotations
 
 import math
@@ -99,7 +100,7 @@ class CTCCodec:
     def encode(self, labels: list[str]) -> tuple[Tensor, Tensor]:
         """Concatenated targets `[sum(L)]` and their lengths `[B]`, as `F.ctc_loss` takes them."""
         flat = [self.index[char] for label in labels for char in label]
-        return torch.tensor(flat, dtype=torch.long), torch.tensor([len(l) for l in labels], dtype=torch.long)
+        return torch.tensor(flat, dtype=torch.long), torch.tensor([len(label) for label in labels], dtype=torch.long)
 
     def decode(self, logits: Tensor) -> list[Reading]:
         """Greedy CTC decoding of `[B, T, C]` logits: collapse repeats, drop blanks.

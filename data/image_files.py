@@ -1,4 +1,5 @@
 """Image files named on a command line: files, folders and (quoted) globs."""
+
 from __future__ import annotations
 
 import glob
@@ -18,8 +19,9 @@ def image_paths(inputs: list[str]) -> list[str]:
     paths: list[str] = []
     for item in inputs:
         if Path(item).is_dir():
-            found = sorted(str(path) for path in Path(item).iterdir()
-                           if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+            found = sorted(
+                str(path) for path in Path(item).iterdir() if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()
+            )
             if not found:
                 raise FileNotFoundError(f"folder {item} holds no image files ({' '.join(IMAGE_SUFFIXES)})")
         elif Path(item).is_file():
@@ -52,5 +54,5 @@ def encoded_images(sources: list[str], limit: int) -> list[tuple[str, bytes]]:
                         images.append((f"{source}#{index}", image_bytes))
             env.close()
         else:
-            images += [(path, Path(path).read_bytes()) for path in image_paths([source])[:limit - len(images)]]
+            images += [(path, Path(path).read_bytes()) for path in image_paths([source])[: limit - len(images)]]
     return images[:limit]

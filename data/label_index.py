@@ -8,6 +8,7 @@ can write to (never inside the dataset folder, which may be read-only): a later 
 milliseconds. One process builds an entry while the others starting with it wait for it (a file
 lock), and an entry is found only by the LMDB's fingerprint, so a changed dataset is scanned again.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -29,8 +30,7 @@ from data.lmdb_keys import image_key, read_label
 from utils.atomic_write import write_atomically, write_text_atomically
 from utils.cache_home import cache_home
 
-DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet",
-                "too long for CTC")
+DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet", "too long for CTC")
 # Part of every cache key: bump it when the scan's rules or the entry's layout change.
 # 2: samples beyond num-samples are read (version 1 stopped at num-samples); labels are compared with the
 # alphabet in composed Unicode form (CTCCodec.normalize)
@@ -55,11 +55,15 @@ class FilterReport:
         reasons = ", ".join(f"{self.dropped[reason]} {reason}" for reason in DROP_REASONS if self.dropped[reason])
         line = f"{self.root}: kept {self.kept} of {self.total}; dropped: {reasons or 'none'}"
         if self.present < self.num_samples:
-            line += (f"\n  num-samples is {self.num_samples} but only {self.present} samples exist: the LMDB was cut"
-                     " short or num-samples is wrong (scripts/create_lmdb.py writes it)")
+            line += (
+                f"\n  num-samples is {self.num_samples} but only {self.present} samples exist: the LMDB was cut"
+                " short or num-samples is wrong (scripts/create_lmdb.py writes it)"
+            )
         if self.present > self.num_samples:
-            line += (f"\n  num-samples is {self.num_samples} but {self.present} samples exist: all of them are read;"
-                     " num-samples is wrong (scripts/create_lmdb.py writes it)")
+            line += (
+                f"\n  num-samples is {self.num_samples} but {self.present} samples exist: all of them are read;"
+                " num-samples is wrong (scripts/create_lmdb.py writes it)"
+            )
         if self.shortened:
             line += f"\n  {self.shortened} labels lost characters outside the alphabet (removed, not dropped)"
         if self.unknown_characters:
@@ -68,18 +72,34 @@ class FilterReport:
         return line
 
     def to_json(self) -> dict:
-        return {"total": self.total, "num_samples": self.num_samples, "kept": self.kept, "present": self.present,
-                "dropped": dict(self.dropped), "unknown_characters": dict(self.unknown_characters),
-                "shortened": self.shortened}
+        return {
+            "total": self.total,
+            "num_samples": self.num_samples,
+            "kept": self.kept,
+            "present": self.present,
+            "dropped": dict(self.dropped),
+            "unknown_characters": dict(self.unknown_characters),
+            "shortened": self.shortened,
+        }
 
     @classmethod
     def from_json(cls, root: str, record: dict, source: str) -> FilterReport:
-        return cls(root, record["total"], record["num_samples"], record["kept"], record["present"],
-                   Counter(record["dropped"]), Counter(record["unknown_characters"]), record["shortened"], source)
+        return cls(
+            root,
+            record["total"],
+            record["num_samples"],
+            record["kept"],
+            record["present"],
+            Counter(record["dropped"]),
+            Counter(record["unknown_characters"]),
+            record["shortened"],
+            source,
+        )
 
 
-def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False
-                ) -> tuple[np.ndarray, FilterReport]:
+def scan_labels(
+    root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False
+) -> tuple[np.ndarray, FilterReport]:
     """Read every label once; return the indices (1-based) of the usable samples and a report.
 
     A sample is usable when its image key exists (it is not decoded here) and its label is non-empty,
@@ -117,11 +137,12 @@ def scan_labels(root: str | Path, codec: CTCCodec, max_frames: int, remove_unkno
     refuse_without_usable_samples(report)
     report.source = f"labels scanned in {time.perf_counter() - started:.1f} s"
     # A numpy array: forked workers share it instead of copying it on read, as they would a list.
-    return kept[:report.kept].copy(), report
+    return kept[: report.kept].copy(), report
 
 
-def drop_reason(label: str | None, has_image: bool, codec: CTCCodec, max_frames: int, remove_unknown: bool,
-                report: FilterReport) -> str | None:
+def drop_reason(
+    label: str | None, has_image: bool, codec: CTCCodec, max_frames: int, remove_unknown: bool, report: FilterReport
+) -> str | None:
     """Why a sample is not usable (one of DROP_REASONS), or None when it is. Its characters outside the
     alphabet are counted in `report`, and so is a label they were removed from (`remove_unknown`)."""
     if label is None:
@@ -148,13 +169,17 @@ def refuse_without_usable_samples(report: FilterReport) -> None:
     evaluation would score nothing as 0 %."""
     root = report.root
     if not report.present:
-        raise ValueError(f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
-                         f"label-000000001, ...; num-samples is {report.num_samples}): nothing to train or evaluate "
-                         f"on; give an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py "
-                         f"lists the keys this one has)")
+        raise ValueError(
+            f"{root}: the LMDB holds no samples under the format's keys (image-000000001, "
+            f"label-000000001, ...; num-samples is {report.num_samples}): nothing to train or evaluate "
+            f"on; give an LMDB with samples (scripts/create_lmdb.py writes one; scripts/inspect_lmdb.py "
+            f"lists the keys this one has)"
+        )
     if not report.kept:
-        raise ValueError(f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
-                         f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one")
+        raise ValueError(
+            f"{report.summary()}\n  no sample of {root} is usable (why: above), so there is nothing to"
+            f" train or evaluate on; scripts/inspect_lmdb.py --alphabet shows its labels beside one"
+        )
 
 
 INDEX_CACHE_WORDS = ("auto", "off")  # what data.index_cache takes besides a folder (index_cache_dir)
@@ -170,15 +195,22 @@ def index_cache_dir(setting: str) -> Path | None:
     return Path(setting).expanduser()
 
 
-def usable_samples(root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False,
-                   cache_dir: Path | None = None) -> tuple[np.ndarray, FilterReport]:
+def usable_samples(
+    root: str | Path, codec: CTCCodec, max_frames: int, remove_unknown: bool = False, cache_dir: Path | None = None
+) -> tuple[np.ndarray, FilterReport]:
     """scan_labels's answer, from `cache_dir` when it holds one for this LMDB's contents and these
     settings; otherwise scanned and stored there. The indices come back memory-mapped from the cache
     file: every process on the machine then shares one copy in the page cache."""
     if cache_dir is None:
         return scan_labels(root, codec, max_frames, remove_unknown)
-    settings = {"format": CACHE_FORMAT, "lmdb": lmdb_fingerprint(root), "alphabet": codec.alphabet,
-                "fold_case": codec.fold_case, "max_frames": max_frames, "remove_unknown": remove_unknown}
+    settings = {
+        "format": CACHE_FORMAT,
+        "lmdb": lmdb_fingerprint(root),
+        "alphabet": codec.alphabet,
+        "fold_case": codec.fold_case,
+        "max_frames": max_frames,
+        "remove_unknown": remove_unknown,
+    }
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
     entry = cache_dir / key
     found = read_entry(entry, settings, root)
@@ -195,8 +227,10 @@ def usable_samples(root: str | Path, codec: CTCCodec, max_frames: int, remove_un
             write_entry(entry, settings, kept, report)
     except OSError as error:  # a cache folder that cannot be written: scan, and say how to fix it
         kept, report = scan_labels(root, codec, max_frames, remove_unknown)
-        report.source += (f"; not cached: {error.strerror or error} ({cache_dir}); set data.index_cache to a "
-                          f"writable folder, or to off")
+        report.source += (
+            f"; not cached: {error.strerror or error} ({cache_dir}); set data.index_cache to a "
+            f"writable folder, or to off"
+        )
         return kept, report
     # Read back memory-mapped like any later start; the scan's own array if the file cannot be mapped.
     return read_entry(entry, settings, root, source=f"{report.source}, cached in {entry}.npy") or (kept, report)
@@ -209,12 +243,19 @@ def lmdb_fingerprint(root: str | Path) -> dict:
     with lmdb_for_scan(root) as env:
         last_txnid = env.info()["last_txnid"]
     stat = data_file.stat()
-    return {"path": os.path.realpath(data_file), "device": stat.st_dev, "inode": stat.st_ino, "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns, "last_txnid": last_txnid}
+    return {
+        "path": os.path.realpath(data_file),
+        "device": stat.st_dev,
+        "inode": stat.st_ino,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "last_txnid": last_txnid,
+    }
 
 
-def read_entry(entry: Path, settings: dict, root: str | Path, source: str | None = None
-               ) -> tuple[np.ndarray, FilterReport] | None:
+def read_entry(
+    entry: Path, settings: dict, root: str | Path, source: str | None = None
+) -> tuple[np.ndarray, FilterReport] | None:
     """The cached index and report, or None when there is no complete, matching entry."""
     try:
         record = json.loads(entry.with_suffix(".json").read_text(encoding="utf-8"))
@@ -229,8 +270,9 @@ def read_entry(entry: Path, settings: dict, root: str | Path, source: str | None
 def write_entry(entry: Path, settings: dict, kept: np.ndarray, report: FilterReport) -> None:
     """The array, then the record that vouches for it, each written whole and renamed into place."""
     write_atomically(entry.with_suffix(".npy"), lambda file: np.save(file, kept, allow_pickle=False))
-    write_text_atomically(entry.with_suffix(".json"),
-                          json.dumps({"settings": settings, "report": report.to_json()}, indent=1))
+    write_text_atomically(
+        entry.with_suffix(".json"), json.dumps({"settings": settings, "report": report.to_json()}, indent=1)
+    )
 
 
 @contextmanager

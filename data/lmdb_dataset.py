@@ -2,6 +2,7 @@
 
 Keys and the label reader: data/lmdb_keys.py; opening: data/lmdb_env.py; which samples are usable: data/label_index.py.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -31,8 +32,15 @@ class LmdbDataset(Dataset):
     worker, forked or spawned), once per process however many datasets read it.
     """
 
-    def __init__(self, root: str | Path, codec: CTCCodec, max_frames: int, transform: ImageTransform,
-                 remove_unknown: bool = False, index_cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        codec: CTCCodec,
+        max_frames: int,
+        transform: ImageTransform,
+        remove_unknown: bool = False,
+        index_cache: Path | None = None,
+    ) -> None:
         self.root = str(root)
         self.codec = codec
         self.transform = transform

@@ -1,6 +1,7 @@
 """Opening an LMDB in the field's format read-only (once per process), and what says which samples
 it holds: num-samples, and the first and highest sample index of its keys (which decide: a header
 that says less or more is reported, not obeyed). Keys: data/lmdb_keys.py."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ def open_lmdb(root: str | Path, readahead: bool = False) -> lmdb.Environment:
         # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
         return lmdb.open(str(root), readonly=True, lock=False, readahead=readahead, meminit=False, max_readers=512)
     except lmdb.Error as error:  # a data.mdb that is not an LMDB (cut short, or another file renamed)
-        raise ValueError(f"{root / 'data.mdb'} is not a readable LMDB ({error}); rebuild it with "
-                         f"scripts/create_lmdb.py") from None
+        raise ValueError(
+            f"{root / 'data.mdb'} is not a readable LMDB ({error}); rebuild it with " f"scripts/create_lmdb.py"
+        ) from None
 
 
 # py-lmdb allows one open environment per file per process, and the same LMDB may back several
@@ -87,8 +89,8 @@ def highest_index(txn: lmdb.Transaction) -> int:
         # The key just before the first one past the prefix's keys, or the very last key.
         found = cursor.prev() if cursor.set_range(prefix + b"\xff") else cursor.last()
         key = bytes(cursor.key()) if found else b""
-        if key.startswith(prefix) and key[len(prefix):].isdigit():
-            highest = max(highest, int(key[len(prefix):]))
+        if key.startswith(prefix) and key[len(prefix) :].isdigit():
+            highest = max(highest, int(key[len(prefix) :]))
     return highest
 
 

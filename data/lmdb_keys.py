@@ -3,6 +3,7 @@ deep-text-recognition-benchmark, mmocr): `image-%09d` (encoded image bytes), `la
 text), 1-based and contiguous, and `num-samples`. `meta-%09d` is this project's addition (what made
 a synthetic sample); readers of the format ignore it. The one place the keys are spelled, and the one
 place a label is read (`read_label`)."""
+
 from __future__ import annotations
 
 import lmdb

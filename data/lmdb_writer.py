@@ -3,6 +3,7 @@
 The keys are data/lmdb_keys.py's, the layout bgshih/crnn, crnn.pytorch,
 deep-text-recognition-benchmark, parseq and mmocr read.
 """
+
 from __future__ import annotations
 
 import glob
@@ -29,8 +30,9 @@ COMMIT_EVERY = 1000
 INITIAL_MAP_SIZE = 64 << 20
 
 
-def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]],
-               overwrite: bool = False) -> int:
+def write_lmdb(
+    path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]], overwrite: bool = False
+) -> int:
     """Write `(image_bytes, label)` pairs to a new LMDB folder at `path`; return how many. A third
     item, if given, is stored as `meta-%09d` (what made the sample; readers of the format ignore it).
 
@@ -46,8 +48,13 @@ def write_lmdb(path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[byt
         pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
         for image_bytes, label, *meta in samples:
             count += 1
-            pending.append([(image_key(count), image_bytes), (label_key(count), label.encode("utf-8")),
-                            *((meta_key(count), value) for value in meta)])
+            pending.append(
+                [
+                    (image_key(count), image_bytes),
+                    (label_key(count), label.encode("utf-8")),
+                    *((meta_key(count), value) for value in meta),
+                ]
+            )
             if len(pending) == COMMIT_EVERY:
                 commit(env, pending)
                 pending = []
@@ -107,11 +114,13 @@ def remove_stale_staging(path: Path) -> None:
     """Remove the staging folders beside `path` whose writer, a process of this machine, has died."""
     prefix = staging_prefix(path)
     for folder in path.parent.glob(glob.escape(prefix) + "*"):
-        pid = folder.name[len(prefix):].partition(".")[0]
+        pid = folder.name[len(prefix) :].partition(".")[0]
         if folder.is_dir() and pid.isdigit() and not process_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-            print(f"removed {folder}: a staging folder left by an earlier writer of {path} (process {pid}) that was"
-                  f" killed before it finished")
+            print(
+                f"removed {folder}: a staging folder left by an earlier writer of {path} (process {pid}) that was"
+                f" killed before it finished"
+            )
 
 
 def process_exists(pid: int) -> bool:
@@ -134,8 +143,10 @@ def check_replaceable(path: Path, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{path} already exists; remove it or pass --overwrite to replace it")
     if not (path.is_dir() and ((path / "data.mdb").is_file() or not any(path.iterdir()))):
-        raise FileExistsError(f"{path} exists and is not an LMDB folder (no data.mdb); --overwrite replaces only an"
-                              f" LMDB: give another path")
+        raise FileExistsError(
+            f"{path} exists and is not an LMDB folder (no data.mdb); --overwrite replaces only an"
+            f" LMDB: give another path"
+        )
 
 
 def commit(env: lmdb.Environment, pending: list[list[tuple[bytes, bytes]]], num_samples: int | None = None) -> None:

@@ -8,6 +8,7 @@ a model that has only seen cv2's pixels changes some of its readings for that (d
 This is OpenCV's arithmetic, its vectorised path included: against opencv-python 5.0 it gives the
 same pixels (tests/test_peer_weights.py holds some of cv2's own output).
 """
+
 from __future__ import annotations
 
 import numpy as np

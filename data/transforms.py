@@ -5,6 +5,7 @@ it from the config and stores it in every checkpoint; evaluation, prediction and
 transform from the checkpoint's record, so a change of a default in code never silently changes
 what an older checkpoint is fed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,14 @@ RANGES = {"height": (1, math.inf), "width": (1, math.inf), "mean": (-1e3, 1e3), 
 # The run config's data.* key of each field, the one mapping both ways (Preprocessing.from_config and
 # config_values). The colour is model.in_channels, through COLORS; the padding has no key (every run's
 # is replicate).
-DATA_KEYS = {"height": "img_height", "width": "img_width", "keep_aspect": "keep_aspect",
-             "interpolation": "interpolation", "mean": "mean", "std": "std"}
+DATA_KEYS = {
+    "height": "img_height",
+    "width": "img_width",
+    "keep_aspect": "keep_aspect",
+    "interpolation": "interpolation",
+    "mean": "mean",
+    "std": "std",
+}
 
 
 class PreprocessingError(ValueError):
@@ -118,8 +125,10 @@ class Preprocessing:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(record) - known)
         if unknown:
-            raise PreprocessingError(f"{source}: its preprocessing has steps this version cannot apply: {unknown}; "
-                                     f"use the version of the project that wrote it")
+            raise PreprocessingError(
+                f"{source}: its preprocessing has steps this version cannot apply: {unknown}; "
+                f"use the version of the project that wrote it"
+            )
         try:
             values = {**record, "mean": tuple(record.get("mean", (0.5,))), "std": tuple(record.get("std", (0.5,)))}
             return cls(**values)
@@ -198,8 +207,9 @@ class ImageTransform:
     bad image.
     """
 
-    def __init__(self, preprocessing: Preprocessing, width_step: int = 0, augmentation: Augmentation | None = None
-                 ) -> None:
+    def __init__(
+        self, preprocessing: Preprocessing, width_step: int = 0, augmentation: Augmentation | None = None
+    ) -> None:
         self.preprocessing = preprocessing
         self.augmentation = augmentation
         self.height, self.width, self.keep_aspect = preprocessing.height, preprocessing.width, preprocessing.keep_aspect
@@ -287,6 +297,8 @@ def build_transform(config: Any, preprocessing: Preprocessing | None = None, tra
     Validation, eval.sh, predict.py and export.py never augment."""
     preprocessing = preprocessing or Preprocessing.from_config(config)
     if train:
-        return ImageTransform(preprocessing, augmentation=Augmentation.from_config(
-            config.data.augment, dataclasses.asdict(config.augment)))
+        return ImageTransform(
+            preprocessing,
+            augmentation=Augmentation.from_config(config.data.augment, dataclasses.asdict(config.augment)),
+        )
     return ImageTransform(preprocessing, config.data.eval_width_step)

@@ -15,6 +15,7 @@
 
 Beam and lexicon decoding need the `decode` extra: pip install -r requirements-decode.txt.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -38,12 +39,14 @@ def optional_module(name: str, decoder: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ImportError(f"--decoder {decoder} needs {name}; install it with: pip install -r requirements-decode.txt"
-                          ) from None
+        raise ImportError(
+            f"--decoder {decoder} needs {name}; install it with: pip install -r requirements-decode.txt"
+        ) from None
 
 
-def build_decoder(name: str, codec: CTCCodec, lexicon: Path | None = None, beam_size: int = 10,
-                  max_distance: int = 3) -> Decoder:
+def build_decoder(
+    name: str, codec: CTCCodec, lexicon: Path | None = None, beam_size: int = 10, max_distance: int = 3
+) -> Decoder:
     """The decoder called `name`; `lexicon` (one word per line) is what `lexicon` reads from."""
     if name not in DECODERS:
         raise ValueError(f"--decoder {name}: choose one of {', '.join(DECODERS)}")
@@ -106,10 +109,14 @@ class LexiconDecoder:
 
     def candidates(self, reading: str) -> list[str]:
         """The spellings of the lexicon's words within `max_distance` of `reading`, in every case the model emits."""
-        matches = self.process.extract(reading.lower(), self.keys, scorer=self.distance,
-                                       score_cutoff=self.max_distance, limit=None)
-        spellings = dict.fromkeys(self.codec.normalize(spelling) for key, _, _ in matches
-                                  for spelling in (*self.spellings[key], key, key.title(), key.upper()))
+        matches = self.process.extract(
+            reading.lower(), self.keys, scorer=self.distance, score_cutoff=self.max_distance, limit=None
+        )
+        spellings = dict.fromkeys(
+            self.codec.normalize(spelling)
+            for key, _, _ in matches
+            for spelling in (*self.spellings[key], key, key.title(), key.upper())
+        )
         return [spelling for spelling in spellings if not self.codec.unknown_characters(spelling)]
 
     def __call__(self, logits: Tensor) -> list[Reading]:
@@ -121,9 +128,14 @@ class LexiconDecoder:
                 readings.append(greedy)
                 continue
             targets, target_lengths = self.codec.encode(words)
-            losses = F.ctc_loss(frames.unsqueeze(1).expand(-1, len(words), -1), targets,
-                                torch.full((len(words),), len(frames), dtype=torch.long), target_lengths,
-                                reduction="none", zero_infinity=False)  # [N]: -log p(word | frames)
+            losses = F.ctc_loss(
+                frames.unsqueeze(1).expand(-1, len(words), -1),
+                targets,
+                torch.full((len(words),), len(frames), dtype=torch.long),
+                target_lengths,
+                reduction="none",
+                zero_infinity=False,
+            )  # [N]: -log p(word | frames)
             word = words[int(losses.argmin())]
             readings.append(Reading(word, aligned_char_probs(frames, self.codec.encode([word])[0].tolist())))
         return readings

@@ -1,4 +1,5 @@
 """Evaluation on all processes: each rank reads its own shard, the metric sums are added up."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,9 +20,16 @@ from utils.precision import autocast
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv, precision: str,
-             channels_last: bool = False, on_batch: Callable[[Batch, list[Reading]], None] | None = None,
-             decode: Decoder | None = None) -> dict[str, int]:
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    codec: CTCCodec,
+    env: DistEnv,
+    precision: str,
+    channels_last: bool = False,
+    on_batch: Callable[[Batch, list[Reading]], None] | None = None,
+    decode: Decoder | None = None,
+) -> dict[str, int]:
     """Metric sums over the whole dataset behind `loader`, identical on every rank.
 
     `model` must be the unwrapped module: a forward through DDP would start collectives that ranks
@@ -45,8 +53,14 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
             logits = model(images)  # [B, T, C]
         readings = decode(logits)
         losses, _ = ctc_losses(logits, batch.targets, batch.target_lengths, count_infinite=False)
-        update_counts(counts, [reading.text for reading in readings], batch.labels,
-                      [reading.confidence for reading in readings], losses.tolist(), codec.alphabet)
+        update_counts(
+            counts,
+            [reading.text for reading in readings],
+            batch.labels,
+            [reading.confidence for reading in readings],
+            losses.tolist(),
+            codec.alphabet,
+        )
         if on_batch is not None:
             on_batch(batch, readings)
     model.train(was_training)
@@ -58,28 +72,41 @@ def evaluate(model: nn.Module, loader: DataLoader, codec: CTCCodec, env: DistEnv
 
 
 @torch.inference_mode()
-def decode_samples(model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, device: torch.device,
-                   count: int = 8) -> list[tuple[Image.Image, list[tuple[str, str]]]]:
+def decode_samples(
+    model: nn.Module, dataset: LmdbDataset, codec: CTCCodec, device: torch.device, count: int = 8
+) -> list[tuple[Image.Image, list[tuple[str, str]]]]:
     """The first `count` decodable samples of `dataset` with their label and the model's reading,
     as cells for evaluation.visualize.caption_grid."""
     was_training = model.training
     model.eval()
-    samples = [sample for sample in (dataset[i] for i in range(min(len(dataset), 4 * count))) if sample is not None][:count]
+    samples = [sample for sample in (dataset[i] for i in range(min(len(dataset), 4 * count))) if sample is not None][
+        :count
+    ]
     cells = []
     if samples:
         width = max(image.shape[-1] for image, _ in samples)
         logits = model(torch.stack([pad_right(image, width) for image, _ in samples]).to(device))
         for (image, label), reading in zip(samples, codec.decode(logits)):
-            cells.append((dataset.transform.to_image(image), [
-                (f"label: {label}", "black"),
-                (f"read: {reading.text}  ({reading.confidence:.2f})", "black" if reading.text == label else "firebrick")]))
+            cells.append(
+                (
+                    dataset.transform.to_image(image),
+                    [
+                        (f"label: {label}", "black"),
+                        (
+                            f"read: {reading.text}  ({reading.confidence:.2f})",
+                            "black" if reading.text == label else "firebrick",
+                        ),
+                    ],
+                )
+            )
     model.train(was_training)
     return cells
 
 
 @torch.inference_mode()
-def read_images(model: nn.Module, images: list[Tensor], device: torch.device, decode: Decoder,
-                precision: str = "fp32") -> list[Reading]:
+def read_images(
+    model: nn.Module, images: list[Tensor], device: torch.device, decode: Decoder, precision: str = "fp32"
+) -> list[Reading]:
     """The reading of each `[C, H, W]` model input, in order. Images of one width run as one batch,
     so a reading never depends on which other images came with it (a keep_aspect transform with a
     width step makes several widths)."""

@@ -14,6 +14,7 @@ docTR merges its pieces' strings by their overlap instead. Stitching frames need
 matching, which a repeated letter or a misread in the overlap can fool into a doubled or lost
 character, and every decoder (beam, lexicon) and each character's probability then see the whole crop.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,7 +50,8 @@ class LongCropTransform:
         self.split_ratio = self.split_width / preprocessing.height  # 6 (:1) for 32 x 128
         # The same decoding, filter and normalisation, resized to the height alone and never padded.
         self.aspect_kept = ImageTransform(
-            dataclasses.replace(preprocessing, keep_aspect=True, width=LONGEST * preprocessing.width), width_step=1)
+            dataclasses.replace(preprocessing, keep_aspect=True, width=LONGEST * preprocessing.width), width_step=1
+        )
 
     def is_long(self, width: int, height: int) -> bool:
         """Whether a `width x height` crop is read in pieces."""
@@ -73,8 +75,10 @@ class PiecewiseModel(nn.Module):
         self.frames = output_frames(*shape, self.piece_width)
         added = output_frames(*shape, 2 * self.piece_width) - self.frames
         if added < 1:
-            raise ValueError(f"the model emits {self.frames} frames whatever the width of its input: it cannot "
-                             f"read long crops in pieces; use --no-split")
+            raise ValueError(
+                f"the model emits {self.frames} frames whatever the width of its input: it cannot "
+                f"read long crops in pieces; use --no-split"
+            )
         # Pixels per frame (4 for the CRNN). Pieces start at multiples of it, so frame t of a piece
         # starting at pixel x is frame x / pitch + t of the crop, exactly, whatever the model's padding.
         self.pitch = max(1, round(self.piece_width / added))
@@ -87,7 +91,7 @@ class PiecewiseModel(nn.Module):
         width = self.piece_width + -(-(images.shape[-1] - self.piece_width) // self.pitch) * self.pitch
         images = pad_right(images, width)
         starts = piece_starts(width, self.piece_width, self.stride)
-        pieces = torch.stack([images[..., start:start + self.piece_width] for start in starts], 1)  # [B, P, C, H, w]
+        pieces = torch.stack([images[..., start : start + self.piece_width] for start in starts], 1)  # [B, P, C, H, w]
         logits = self.model(pieces.flatten(0, 1))  # [B * P, T, classes]
         return stitch(logits.unflatten(0, (len(images), len(starts))), [start // self.pitch for start in starts])
 

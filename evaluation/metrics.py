@@ -16,6 +16,7 @@ a prediction and its label count as errors:
 A sample whose label is empty in a mode's compared form (a label of symbols only, under `benchmark`)
 cannot be read right or wrong there: it is left out of that mode's figures and counted (`scored_<mode>`).
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,12 @@ NED_SCALE = 10**9
 # Sums kept once per mode, as `<key>_<mode>`: matched characters are those of a longest common
 # subsequence of prediction and label (characters read, in the right order).
 MODE_KEYS = ("scored", "correct", "edit_distance", "label_chars", "pred_chars", "matched_chars", "ned_fixed")
-COUNT_KEYS = ("samples", "confidence_fixed", "loss_fixed",
-              *(f"{key}_{mode}" for mode in METRIC_MODES for key in MODE_KEYS))
+COUNT_KEYS = (
+    "samples",
+    "confidence_fixed",
+    "loss_fixed",
+    *(f"{key}_{mode}" for mode in METRIC_MODES for key in MODE_KEYS),
+)
 
 
 def new_counts() -> dict[str, int]:
@@ -82,9 +87,14 @@ def lcs_length(first: str, second: str) -> int:
     return len(first) - row.bit_count()
 
 
-def update_counts(counts: dict[str, int], predictions: list[str], labels: list[str],
-                  confidences: list[float] | None = None, losses: list[float] | None = None,
-                  alphabet: str = "") -> None:
+def update_counts(
+    counts: dict[str, int],
+    predictions: list[str],
+    labels: list[str],
+    confidences: list[float] | None = None,
+    losses: list[float] | None = None,
+    alphabet: str = "",
+) -> None:
     """Add a batch to `counts`, in every metric mode; `alphabet` is the model's (see `compared_form`)."""
     confidences = confidences or [1.0] * len(predictions)
     losses = losses or [0.0] * len(predictions)

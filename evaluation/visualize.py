@@ -3,6 +3,7 @@
 Used by training (validation samples in TensorBoard), scripts/eval.py (--errors) and
 scripts/inspect_lmdb.py (--montage). Torch-free.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -20,8 +21,12 @@ def caption_font(texts: list[str] = (), size: int = 14) -> ImageFont.ImageFont:
     candidates = ["DejaVuSans.ttf"]  # Pillow looks in the system's font folders
     if any(unicodedata.east_asian_width(char) in ("W", "F") for text in texts for char in text):
         try:
-            candidates.insert(0, subprocess.run(["fc-match", "-f", "%{file}", ":lang=zh"], capture_output=True,
-                                                text=True, check=True).stdout)
+            candidates.insert(
+                0,
+                subprocess.run(
+                    ["fc-match", "-f", "%{file}", ":lang=zh"], capture_output=True, text=True, check=True
+                ).stdout,
+            )
         except (OSError, subprocess.CalledProcessError):
             pass
     for candidate in candidates:
@@ -41,8 +46,9 @@ def fit_text(text: str, font: ImageFont.ImageFont, width: int) -> str:
     return text + "..."
 
 
-def caption_grid(cells: list[tuple[Image.Image | str, list[tuple[str, str]]]], empty_note: str = "nothing to show"
-                 ) -> Image.Image:
+def caption_grid(
+    cells: list[tuple[Image.Image | str, list[tuple[str, str]]]], empty_note: str = "nothing to show"
+) -> Image.Image:
     """A grid of COLUMNS cells a row: each an image (or, as a string, why there is none) over its
     caption lines `(text, colour)`."""
     font = caption_font([text for _, lines in cells for text, _ in lines])
@@ -65,7 +71,11 @@ def caption_grid(cells: list[tuple[Image.Image | str, list[tuple[str, str]]]], e
             size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
             grid.paste(image.convert("RGB").resize(size, Image.Resampling.BILINEAR), (left + PAD, top + PAD))
         for line, (text, colour) in enumerate(caption):
-            draw.text((left + PAD, top + 2 * PAD + box_height + line * LINE_HEIGHT), fit_text(text, font, box_width),
-                      fill=colour, font=font)
+            draw.text(
+                (left + PAD, top + 2 * PAD + box_height + line * LINE_HEIGHT),
+                fit_text(text, font, box_width),
+                fill=colour,
+                font=font,
+            )
         draw.rectangle((left, top, left + cell_width - 1, top + cell_height - 1), outline="lightgray")
     return grid

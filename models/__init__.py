@@ -9,6 +9,7 @@ deletes crnn.py and its import line below, sets `model.arch`'s default (ModelCon
 training/config.py) to another architecture, and points the configs that name `crnn`
 (configs/crnn.yaml, configs/cjk.yaml) at it too.
 """
+
 from models.crnn import CRNN as CRNN
 from models.crnn_pytorch import CRNNPyTorch as CRNNPyTorch
 from models.dtrb import DTRBVGG as DTRBVGG
@@ -22,5 +23,12 @@ from models.registry import (
     register_model,
 )
 
-__all__ = ["ARCHITECTURES", "build_model", "check_model_config", "count_parameters", "model_from_config",
-           "output_frames", "register_model"]
+__all__ = [
+    "ARCHITECTURES",
+    "build_model",
+    "check_model_config",
+    "count_parameters",
+    "model_from_config",
+    "output_frames",
+    "register_model",
+]

@@ -1,5 +1,6 @@
 """CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
 Its parts shared with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -11,8 +12,10 @@ from models.registry import register_model
 def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> nn.Sequential:
     """The VGG_LAYERS convolutions at `channels` widths, each followed by BatchNorm and ReLU."""
     if len(channels) != len(VGG_LAYERS):
-        raise ValueError(f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
-                         f"{len(channels)} widths: {list(channels)}")
+        raise ValueError(
+            f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
+            f"{len(channels)} widths: {list(channels)}"
+        )
     for position, width in enumerate(channels):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"model.channels[{position}]={width}: must be at least 1 (an integer)")
@@ -42,21 +45,29 @@ class CRNN(nn.Module):
     LSTM and the CTC loss want is made inside `forward` and after the wrapper, never across it.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256,
-                 channels: tuple[int, ...] = VGG_CHANNELS, lstm_layers: int = 2) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 1,
+        hidden_size: int = 256,
+        channels: tuple[int, ...] = VGG_CHANNELS,
+        lstm_layers: int = 2,
+    ) -> None:
         super().__init__()
         if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 1:
             raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 1 (an integer; the paper has 2)")
         self.backbone = vgg_backbone(in_channels, tuple(channels))
         sizes = [channels[-1]] + [hidden_size] * (lstm_layers - 1) + [num_classes]
-        self.sequence = nn.Sequential(*(BidirectionalLSTM(inputs, hidden_size, outputs)
-                                        for inputs, outputs in zip(sizes, sizes[1:])))
+        self.sequence = nn.Sequential(
+            *(BidirectionalLSTM(inputs, hidden_size, outputs) for inputs, outputs in zip(sizes, sizes[1:]))
+        )
 
     def forward(self, images: Tensor) -> Tensor:
         # The backbone pools 32 rows down to one, and needs 4 columns to leave one frame.
         if images.shape[2] != 32 or images.shape[3] < 4:
-            raise ValueError(f"CRNN reads images 32 pixels high and at least 4 wide, got {images.shape[2]} x "
-                             f"{images.shape[3]}")
+            raise ValueError(
+                f"CRNN reads images 32 pixels high and at least 4 wide, got {images.shape[2]} x " f"{images.shape[3]}"
+            )
         features = self.backbone(images)  # [B, channels[-1], 1, T]
         features = features.squeeze(2).permute(2, 0, 1)  # [T, B, channels[-1]]
         logits = self.sequence(features)  # [T, B, num_classes]

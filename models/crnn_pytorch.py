@@ -5,6 +5,7 @@ This project's own CRNN (models/crnn.py) puts BatchNorm after every convolution,
 weights need this variant. Module names follow the source's (`conv0` ... `batchnorm6`), so a
 converted state dict loads as it is once `cnn.`/`rnn.` are renamed (interop/peer_weights.py).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -26,8 +27,9 @@ def crnn_pytorch_backbone(in_channels: int) -> nn.Sequential:
             layers[f"batchnorm{index}"] = nn.BatchNorm2d(out_channels)
         layers[f"relu{index}"] = nn.ReLU(inplace=True)
         if pool is not None:
-            layers[f"pooling{pools}"] = (nn.MaxPool2d(2, 2) if pool == (2, 2)
-                                         else nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1)))
+            layers[f"pooling{pools}"] = (
+                nn.MaxPool2d(2, 2) if pool == (2, 2) else nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1))
+            )
             pools += 1
         in_channels = out_channels
     return nn.Sequential(layers)
@@ -47,7 +49,9 @@ class CRNNPyTorch(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         if images.shape[2] != 32 or images.shape[3] < 4:
-            raise ValueError(f"crnn_pytorch reads images 32 pixels high and at least 4 wide, got {images.shape[2]} x "
-                             f"{images.shape[3]}")
+            raise ValueError(
+                f"crnn_pytorch reads images 32 pixels high and at least 4 wide, got {images.shape[2]} x "
+                f"{images.shape[3]}"
+            )
         features = self.backbone(images).squeeze(2).permute(2, 0, 1)  # [T, B, 512]
         return self.sequence(features).transpose(0, 1)  # [B, T, num_classes]

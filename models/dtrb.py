@@ -6,6 +6,7 @@ The layers and their order are the source's, so a converted state dict loads wit
 height and the frames average over what is left of it: the network reads 32-pixel images (DTRB) and
 64-pixel ones (EasyOCR) alike.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -20,18 +21,32 @@ def dtrb_vgg_backbone(in_channels: int, channels: int) -> nn.Sequential:
     """Seven convolutions whose widths are channels/8, /4, /2, /2, then channels four times; the three
     convolutions after the first two poolings halve only the height. Indices match DTRB's `ConvNet`."""
     if channels < 8 or channels % 8:
-        raise ValueError(f"model.channels={channels}: the DTRB VGG extractor needs a multiple of 8 "
-                         "(its first stages are channels/8, /4 and /2 wide)")
+        raise ValueError(
+            f"model.channels={channels}: the DTRB VGG extractor needs a multiple of 8 "
+            "(its first stages are channels/8, /4 and /2 wide)"
+        )
     c1, c2, c3, c4 = channels // 8, channels // 4, channels // 2, channels
     return nn.Sequential(
-        nn.Conv2d(in_channels, c1, 3, 1, 1), nn.ReLU(inplace=True), nn.MaxPool2d(2, 2),
-        nn.Conv2d(c1, c2, 3, 1, 1), nn.ReLU(inplace=True), nn.MaxPool2d(2, 2),
-        nn.Conv2d(c2, c3, 3, 1, 1), nn.ReLU(inplace=True),
-        nn.Conv2d(c3, c3, 3, 1, 1), nn.ReLU(inplace=True), nn.MaxPool2d((2, 1), (2, 1)),
-        nn.Conv2d(c3, c4, 3, 1, 1, bias=False), nn.BatchNorm2d(c4), nn.ReLU(inplace=True),
-        nn.Conv2d(c4, c4, 3, 1, 1, bias=False), nn.BatchNorm2d(c4), nn.ReLU(inplace=True),
+        nn.Conv2d(in_channels, c1, 3, 1, 1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(c1, c2, 3, 1, 1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(c2, c3, 3, 1, 1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(c3, c3, 3, 1, 1),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d((2, 1), (2, 1)),
-        nn.Conv2d(c4, c4, 2, 1, 0), nn.ReLU(inplace=True),
+        nn.Conv2d(c3, c4, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(c4),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(c4, c4, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(c4),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d((2, 1), (2, 1)),
+        nn.Conv2d(c4, c4, 2, 1, 0),
+        nn.ReLU(inplace=True),
     )
 
 
@@ -44,8 +59,9 @@ class DTRBVGG(nn.Module):
     reads the second BiLSTM's projection, as in the source.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, hidden_size: int = 256,
-                 channels: int = DTRB_CHANNELS) -> None:
+    def __init__(
+        self, num_classes: int, in_channels: int = 1, hidden_size: int = 256, channels: int = DTRB_CHANNELS
+    ) -> None:
         super().__init__()
         self.backbone = dtrb_vgg_backbone(in_channels, channels)
         self.sequence = nn.Sequential(
@@ -56,8 +72,10 @@ class DTRBVGG(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         if images.shape[2] < 32 or images.shape[3] < 8:
-            raise ValueError(f"dtrb_vgg reads images at least 32 pixels high and 8 wide, got {images.shape[2]} x "
-                             f"{images.shape[3]}")
+            raise ValueError(
+                f"dtrb_vgg reads images at least 32 pixels high and 8 wide, got {images.shape[2]} x "
+                f"{images.shape[3]}"
+            )
         features = self.backbone(images)  # [B, channels, H / 16 - 1, T]
         # The source's AdaptiveAvgPool2d((None, 1)). Contiguous: torch.export then traces one program for every
         # batch size (a permuted view of a single image is contiguous, of several not).

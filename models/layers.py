@@ -2,6 +2,7 @@
 crnn.pytorch's, and interop/peer_weights.py, which checks an imported checkpoint's widths against it)
 and the bidirectional LSTM of the CRNN and DTRB sequence stages. Module names are part of every
 state dict key (`sequence.0.rnn.weight_ih_l0`): renaming one breaks saved and imported checkpoints."""
+
 from __future__ import annotations
 
 from torch import Tensor, nn

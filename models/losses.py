@@ -1,4 +1,5 @@
 """The CTC loss, computed outside the model and after the parallel boundary."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def ctc_losses(logits: Tensor, targets: Tensor, target_lengths: Tensor, count_infinite: bool = True
-               ) -> tuple[Tensor, Tensor | None]:
+def ctc_losses(
+    logits: Tensor, targets: Tensor, target_lengths: Tensor, count_infinite: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """Per-sample CTC losses `[B]` of `[B, T, C]` logits against the concatenated `targets` (class
     indices, blank 0 excluded) of `target_lengths` each, and how many of the losses were infinite
     (None unless `count_infinite`: counting costs a second CTC pass, which evaluation skips).
@@ -26,8 +28,9 @@ def ctc_losses(logits: Tensor, targets: Tensor, target_lengths: Tensor, count_in
     input_lengths = torch.full((batch_size,), frames, dtype=torch.long)
     targets = targets.to(logits.device, non_blocking=True)
     target_lengths = target_lengths.to(logits.device, non_blocking=True)
-    losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none",
-                        zero_infinity=True)
+    losses = F.ctc_loss(
+        log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none", zero_infinity=True
+    )
     if not count_infinite:
         return losses, None
     with torch.no_grad():

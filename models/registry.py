@@ -7,6 +7,7 @@ any model is measured by (count_parameters, output_frames).
 
 selects it with `model.arch: mynet`, and `model.depth: 6` in the config reaches the constructor.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -23,12 +24,15 @@ BUILT_IN_SETTINGS = ("num_classes", "in_channels", "hidden_size")  # every archi
 def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     """Class decorator: `model.arch: name` builds this class. Its `forward(images [B, C, H, W])` must
     return logits `[B, T, num_classes]`, batch-first (what DistributedDataParallel splits)."""
+
     def register(cls: type[nn.Module]) -> type[nn.Module]:
         if name in ARCHITECTURES and ARCHITECTURES[name] is not cls:
-            raise ValueError(f"model architecture {name!r} is registered twice ({ARCHITECTURES[name].__name__}, "
-                             f"{cls.__name__})")
+            raise ValueError(
+                f"model architecture {name!r} is registered twice ({ARCHITECTURES[name].__name__}, " f"{cls.__name__})"
+            )
         ARCHITECTURES[name] = cls
         return cls
+
     return register
 
 
@@ -41,15 +45,18 @@ def build_model(arch: str, num_classes: int, in_channels: int, hidden_size: int,
     accepted = [name for name in inspect.signature(cls).parameters if name not in BUILT_IN_SETTINGS]
     for name in settings:
         if name not in accepted:
-            raise ValueError(f"model.{name}: the {arch} architecture has no such setting; it takes "
-                             f"{', '.join(accepted) or 'none'}")
+            raise ValueError(
+                f"model.{name}: the {arch} architecture has no such setting; it takes "
+                f"{', '.join(accepted) or 'none'}"
+            )
     return cls(num_classes=num_classes, in_channels=in_channels, hidden_size=hidden_size, **settings)
 
 
 def model_from_config(model_config: Any, num_classes: int) -> nn.Module:
     """The model the config's `model` section describes (training.config.ModelConfig)."""
-    return build_model(model_config.arch, num_classes, model_config.in_channels, model_config.hidden_size,
-                       **model_config.settings)
+    return build_model(
+        model_config.arch, num_classes, model_config.in_channels, model_config.hidden_size, **model_config.settings
+    )
 
 
 def check_model_config(model_config: Any) -> None:

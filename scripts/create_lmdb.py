@@ -11,6 +11,7 @@ with the same label is stored once; with another label it is an error, and nothi
 line with a third column (a tab in the label: which column is the label is not guessed). A label's
 surrounding whitespace is removed, and each such line is listed before anything is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,8 +120,9 @@ def check_gt(root: Path, gt_file: Path) -> GtCheck:
         elif first[image][1] == label:
             found.repeats[number] = first[image][0]
         else:
-            found.conflicts.append(f"{relative_path}: line {first[image][0]} says {first[image][1]!r}, line {number}"
-                                   f" says {label!r}")
+            found.conflicts.append(
+                f"{relative_path}: line {first[image][0]} says {first[image][1]!r}, line {number}" f" says {label!r}"
+            )
     return found
 
 
@@ -135,7 +137,9 @@ def read_samples(
     for number, line in gt_lines(gt_file):
         try:
             if number in repeats:
-                raise BadLine("image listed again, with the same label (stored once)", f"first at line {repeats[number]}")
+                raise BadLine(
+                    "image listed again, with the same label (stored once)", f"first at line {repeats[number]}"
+                )
             yield check_sample(root, line, alphabet)
         except BadLine as bad:
             relative_path = line.partition("\t")[0]
@@ -191,15 +195,21 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --gt {args.gt} is not UTF-8 text ({error}); re-save it as UTF-8")
     if found.extra_columns:
         # Refused, not guessed at: the label may be the second column or the last (`path, id, label`).
-        sys.exit(f"error: --gt {args.gt}: {len(found.extra_columns)} line(s) have more than two tab-separated"
-                 f" columns; a line is path<TAB>label and a label holds no tab: keep the two columns (e.g."
-                 f" cut -f1,2), nothing was written:\n  {shown(found.extra_columns)}")
+        sys.exit(
+            f"error: --gt {args.gt}: {len(found.extra_columns)} line(s) have more than two tab-separated"
+            f" columns; a line is path<TAB>label and a label holds no tab: keep the two columns (e.g."
+            f" cut -f1,2), nothing was written:\n  {shown(found.extra_columns)}"
+        )
     if found.conflicts:
-        sys.exit(f"error: --gt {args.gt} gives {len(found.conflicts)} image(s) two different labels; keep one line"
-                 f" per image, nothing was written:\n  {shown(found.conflicts)}")
+        sys.exit(
+            f"error: --gt {args.gt} gives {len(found.conflicts)} image(s) two different labels; keep one line"
+            f" per image, nothing was written:\n  {shown(found.conflicts)}"
+        )
     if found.stripped:
-        print(f"{len(found.stripped)} label(s) stored without their surrounding whitespace (a word crop has none"
-              f" for the model to read); fix {args.gt} if a label was cut elsewhere:\n  {shown(found.stripped)}")
+        print(
+            f"{len(found.stripped)} label(s) stored without their surrounding whitespace (a word crop has none"
+            f" for the model to read); fix {args.gt} if a label was cut elsewhere:\n  {shown(found.stripped)}"
+        )
     skipped: dict[str, list[str]] = defaultdict(list)
     samples = read_samples(args.images, args.gt, alphabet, skipped, found.repeats)
     # Look for one good sample first: with none, --overwrite must not replace a good LMDB by an empty one.

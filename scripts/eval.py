@@ -15,6 +15,7 @@ as predict.py does by default (evaluation/long_crops.py); without it they are sq
 Below the table: the accuracy of the most confident 50, 80 and 95 % of the readings of each set, which
 says how far the word confidence can be trusted to pick the readings worth keeping.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,18 +54,34 @@ from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setu
 from utils.precision import PRECISIONS
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
-BENCHMARKS = ("IIIT5k_3000", "SVT", "IC03_860", "IC03_867", "IC13_857", "IC13_1015", "IC15_1811", "IC15_2077",
-              "SVTP", "CUTE80")
+BENCHMARKS = (
+    "IIIT5k_3000",
+    "SVT",
+    "IC03_860",
+    "IC03_867",
+    "IC13_857",
+    "IC13_1015",
+    "IC15_1811",
+    "IC15_2077",
+    "SVTP",
+    "CUTE80",
+)
 # Other names the same sets are released under.
-ALIASES = {"iiit5k": "IIIT5k_3000", "svt_647": "SVT", "ic13": "IC13_857", "ic15": "IC15_2077", "svtp_645": "SVTP",
-           "cute80_288": "CUTE80"}
+ALIASES = {
+    "iiit5k": "IIIT5k_3000",
+    "svt_647": "SVT",
+    "ic13": "IC13_857",
+    "ic15": "IC15_2077",
+    "svtp_645": "SVTP",
+    "cute80_288": "CUTE80",
+}
 COMBINED = "combined (weighted by samples)"
 MODE_HELP = {
     "benchmark": "the benchmark protocol (lowercase, only [0-9a-z] kept on both sides, exact match)",
     "exact": "prediction and label compared as they are",
     "ignore_case": "prediction and label compared lowercased",
     "ignore_case_symbols": "case-insensitive alphanumeric, the benchmark protocol for 36-class models"
-                           " (symbols the alphabet holds are compared too)",
+    " (symbols the alphabet holds are compared too)",
 }
 DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct", "char_probs")
 COVERAGES = (0.5, 0.8, 0.95)  # the most confident shares of the readings whose accuracy is printed
@@ -89,29 +106,52 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--config", action=ConfigFileOption,
-                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
-                        help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
-                             " correct column and --errors (default benchmark, the field's protocol)")
+    parser.add_argument(
+        "--config",
+        action=ConfigFileOption,
+        help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
+    )
+    parser.add_argument(
+        "--metric-mode",
+        default="benchmark",
+        choices=METRIC_MODES,
+        help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
+        " correct column and --errors (default benchmark, the field's protocol)",
+    )
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
     parser.add_argument("--beam-size", type=positive_int, default=10, metavar="N", help="--decoder beam's beam (10)")
-    parser.add_argument("--split-long", action="store_true",
-                        help="read crops over 1.5 input widths long in overlapping pieces (default: squashed)")
+    parser.add_argument(
+        "--split-long",
+        action="store_true",
+        help="read crops over 1.5 input widths long in overlapping pieces (default: squashed)",
+    )
     parser.add_argument("--dump", type=Path, metavar="PATH.tsv", help="write every prediction to this TSV file")
     parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
-    parser.add_argument("--errors-count", type=positive_int, default=32, metavar="N",
-                        help="misreads in the --errors grid (default 32)")
-    parser.add_argument("--unknown-characters", default="remove", choices=UNKNOWN_CHARACTERS,
-                        help="labels with characters the model cannot emit: remove those characters and score the "
-                             "rest (the benchmarks' protocol, default), or leave the sample out")
+    parser.add_argument(
+        "--errors-count", type=positive_int, default=32, metavar="N", help="misreads in the --errors grid (default 32)"
+    )
+    parser.add_argument(
+        "--unknown-characters",
+        default="remove",
+        choices=UNKNOWN_CHARACTERS,
+        help="labels with characters the model cannot emit: remove those characters and score the "
+        "rest (the benchmarks' protocol, default), or leave the sample out",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")
     parser.add_argument("--workers", type=non_negative_int, default=2, help="data-loader workers per process")
-    parser.add_argument("--index-cache", default="auto", metavar="DIR|auto|off",
-                        help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache")
-    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
-                        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
+    parser.add_argument(
+        "--index-cache",
+        default="auto",
+        metavar="DIR|auto|off",
+        help="where each LMDB's usable-sample index is cached, as train.py's data.index_cache",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)",
+    )
     return parser.parse_args()
 
 
@@ -187,13 +227,21 @@ class CollateWithIndices(CollateBatch):
         return batch
 
 
-def set_batches(dataset: LmdbDataset, args: argparse.Namespace, env: DistEnv, long_crops: LongCropTransform | None
-                ) -> tuple[Iterable[Batch], int]:
+def set_batches(
+    dataset: LmdbDataset, args: argparse.Namespace, env: DistEnv, long_crops: LongCropTransform | None
+) -> tuple[Iterable[Batch], int]:
     """This process's batches of `dataset`, and how many of its samples are read in pieces: with
     --split-long, the crops read whole, then each long crop alone (its pieces are its batch), aspect kept."""
+
     def loader(part: LmdbDataset, batch_size: int) -> Iterable[Batch]:
-        return build_eval_loader(IndexedSamples(part), part.codec, batch_size, args.workers, env,
-                                 CollateWithIndices(part.codec, part.transform.output_shape))
+        return build_eval_loader(
+            IndexedSamples(part),
+            part.codec,
+            batch_size,
+            args.workers,
+            env,
+            CollateWithIndices(part.codec, part.transform.output_shape),
+        )
 
     if long_crops is None:
         return loader(dataset, args.batch_size), 0
@@ -202,39 +250,54 @@ def set_batches(dataset: LmdbDataset, args: argparse.Namespace, env: DistEnv, lo
 
 
 def format_row(name: str, width: int, metrics: dict, in_lmdb: int) -> str:
-    return (f"{name:<{width}} {metrics['scored']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
-            f" {metrics['one_minus_ned']:>7.4f} {100 * metrics['char_precision']:>8.2f}"
-            f" {100 * metrics['char_recall']:>8.2f} {100 * metrics['cer']:>7.2f} {metrics['mean_confidence']:>6.3f}")
+    return (
+        f"{name:<{width}} {metrics['scored']:>9} {in_lmdb:>8} {100 * metrics['accuracy']:>7.2f}"
+        f" {metrics['one_minus_ned']:>7.4f} {100 * metrics['char_precision']:>8.2f}"
+        f" {100 * metrics['char_recall']:>8.2f} {100 * metrics['cer']:>7.2f} {metrics['mean_confidence']:>6.3f}"
+    )
 
 
 def print_table(sets: list[dict], combined: dict, mode: str, decoder: str) -> None:
     width = max(len(COMBINED), *(len(row["name"]) for row in sets))
     print(f"metric mode {mode}: {MODE_HELP[mode]}; decoder {decoder}")
-    print(f"{'set':<{width}} {'evaluated':>9} {'in LMDB':>8} {'acc %':>7} {'1-NED':>7} {'char P %':>8} {'char R %':>8}"
-          f" {'CER %':>7} {'conf':>6}")
+    print(
+        f"{'set':<{width}} {'evaluated':>9} {'in LMDB':>8} {'acc %':>7} {'1-NED':>7} {'char P %':>8} {'char R %':>8}"
+        f" {'CER %':>7} {'conf':>6}"
+    )
     for row in sets:
         print(format_row(row["name"], width, row, row["in_lmdb"]))
         skipped = row["in_lmdb"] - row["samples"]
         if skipped:
             reasons = [(reason, row["dropped"].get(reason, 0)) for reason in DROP_REASONS]
             reasons.append(("undecodable image", row["undecodable_images"]))
-            print(f"{'':<4}{skipped} of {row['in_lmdb']} not evaluated: "
-                  + ", ".join(f"{n} {reason}" for reason, n in reasons if n))
+            print(
+                f"{'':<4}{skipped} of {row['in_lmdb']} not evaluated: "
+                + ", ".join(f"{n} {reason}" for reason, n in reasons if n)
+            )
         if row["samples"] > row["scored"]:
             print(f"{'':<4}{row['samples'] - row['scored']} of {row['in_lmdb']} left out: label empty under {mode}")
         if row["labels_shortened"]:
             print(f"{'':<4}{row['labels_shortened']} labels scored without their characters outside the alphabet")
     print(format_row(COMBINED, width, combined, combined["in_lmdb"]))
-    print("accuracy % by metric mode, combined: "
-          + ", ".join(f"{each} {100 * combined[f'accuracy_{each}']:.2f}" for each in METRIC_MODES))
-    print(f"\naccuracy % of the most confident readings, under {mode} (the rest would go to a person or a second"
-          f" reader)")
-    print(f"{'set':<{width}} " + " ".join(f"{'top ' + share:>8}" for share in combined["accuracy_by_confidence"])
-          + f" {'all':>8}")
+    print(
+        "accuracy % by metric mode, combined: "
+        + ", ".join(f"{each} {100 * combined[f'accuracy_{each}']:.2f}" for each in METRIC_MODES)
+    )
+    print(
+        f"\naccuracy % of the most confident readings, under {mode} (the rest would go to a person or a second"
+        f" reader)"
+    )
+    print(
+        f"{'set':<{width}} "
+        + " ".join(f"{'top ' + share:>8}" for share in combined["accuracy_by_confidence"])
+        + f" {'all':>8}"
+    )
     for row in [*sets, {**combined, "name": COMBINED}]:
-        print(f"{row['name']:<{width}} " + " ".join(f"{100 * accuracy:>8.2f}" for accuracy in
-                                                   row["accuracy_by_confidence"].values())
-              + f" {100 * row['accuracy']:>8.2f}")
+        print(
+            f"{row['name']:<{width}} "
+            + " ".join(f"{100 * accuracy:>8.2f}" for accuracy in row["accuracy_by_confidence"].values())
+            + f" {100 * row['accuracy']:>8.2f}"
+        )
 
 
 def accuracy_by_confidence(scored: list[tuple[float, bool]]) -> dict[str, float]:
@@ -242,7 +305,7 @@ def accuracy_by_confidence(scored: list[tuple[float, bool]]) -> dict[str, float]
     ranked = sorted(scored, key=lambda pair: -pair[0])  # stable: ties keep the set's LMDB-index order
     shares = {}
     for coverage in COVERAGES:
-        kept = ranked[:max(1, round(coverage * len(ranked)))]
+        kept = ranked[: max(1, round(coverage * len(ranked)))]
         shares[f"{round(100 * coverage)}%"] = sum(correct for _, correct in kept) / len(kept) if ranked else 0.0
     return shares
 
@@ -261,19 +324,30 @@ def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mod
     for row, records in zip(sets, predictions):
         for index, label, reading in records:
             correct = is_correct(reading.text, label, mode, alphabet)
-            writer.writerow([row["name"], index, label, reading.text, f"{reading.confidence:.4f}",
-                             "" if correct is None else int(correct),
-                             " ".join(f"{prob:.4f}" for prob in reading.char_probs)])
+            writer.writerow(
+                [
+                    row["name"],
+                    index,
+                    label,
+                    reading.text,
+                    f"{reading.confidence:.4f}",
+                    "" if correct is None else int(correct),
+                    " ".join(f"{prob:.4f}" for prob in reading.char_probs),
+                ]
+            )
     write_text_atomically(path, table.getvalue())
 
 
-def draw_errors(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str,
-                count: int) -> int:
+def draw_errors(
+    path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str, count: int
+) -> int:
     """A grid of the `count` most confident misreads under `mode` (the most misleading ones); returns how many."""
-    misreads = [(-reading.confidence, position, index, label, reading.text)
-                for position, records in enumerate(predictions)
-                for index, label, reading in records
-                if is_correct(reading.text, label, mode, alphabet) is False]
+    misreads = [
+        (-reading.confidence, position, index, label, reading.text)
+        for position, records in enumerate(predictions)
+        for index, label, reading in records
+        if is_correct(reading.text, label, mode, alphabet) is False
+    ]
     misreads = sorted(misreads)[:count]
     cells = []
     for negative_confidence, position, index, label, prediction in misreads:
@@ -304,8 +378,17 @@ class Reader:
 def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -> Reader:
     """The Reader of `args.checkpoint`, at the precision `args.precision` picks on this machine."""
     model, codec, config, preprocessing = load_model(args.checkpoint, env.device, config)
-    precision = choose_precision(args.precision, env.device, model, inference_shape(preprocessing, args.batch_size),
-                                 False, log=print, is_main=env.is_main, group=env.cpu_group, option="--precision")
+    precision = choose_precision(
+        args.precision,
+        env.device,
+        model,
+        inference_shape(preprocessing, args.batch_size),
+        False,
+        log=print,
+        is_main=env.is_main,
+        group=env.cpu_group,
+        option="--precision",
+    )
     transform = build_transform(config, preprocessing)
     long_crops = LongCropTransform(transform) if args.split_long else None
     reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
@@ -314,13 +397,26 @@ def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -
     return Reader(reader, codec, transform, long_crops, frames, precision, decode)
 
 
-def evaluate_set(name: str, root: str, reader: Reader, args: argparse.Namespace, env: DistEnv,
-                 index_cache: Path | None, keep_predictions: bool) -> tuple[dict, dict[str, int], list, list]:
+def evaluate_set(
+    name: str,
+    root: str,
+    reader: Reader,
+    args: argparse.Namespace,
+    env: DistEnv,
+    index_cache: Path | None,
+    keep_predictions: bool,
+) -> tuple[dict, dict[str, int], list, list]:
     """This process's shard of one set: the set's table row and metric counts (both summed over every
     process), (LMDB index, label, reading) records when `keep_predictions`, and (LMDB index, confidence,
     correct) of the samples args.metric_mode scores."""
-    dataset = LmdbDataset(root, reader.codec, reader.frames, reader.transform,
-                          remove_unknown=args.unknown_characters == "remove", index_cache=index_cache)
+    dataset = LmdbDataset(
+        root,
+        reader.codec,
+        reader.frames,
+        reader.transform,
+        remove_unknown=args.unknown_characters == "remove",
+        index_cache=index_cache,
+    )
     batches, in_pieces = set_batches(dataset, args, env, reader.long_crops)
     records = []  # for --dump and --errors
     confidences = []  # for the accuracy by confidence
@@ -334,39 +430,65 @@ def evaluate_set(name: str, root: str, reader: Reader, args: argparse.Namespace,
             records.extend(zip(batch.indices, batch.labels, readings))
 
     counts = evaluate(reader.model, batches, reader.codec, env, reader.precision, on_batch=keep, decode=reader.decode)
-    row = {"name": name, "path": str(root), **summarize(counts, args.metric_mode),
-           "in_lmdb": dataset.report.total, "dropped": dict(dataset.report.dropped),
-           "labels_shortened": dataset.report.shortened,
-           "undecodable_images": counts["dropped"], "read_in_pieces": in_pieces}
+    row = {
+        "name": name,
+        "path": str(root),
+        **summarize(counts, args.metric_mode),
+        "in_lmdb": dataset.report.total,
+        "dropped": dict(dataset.report.dropped),
+        "labels_shortened": dataset.report.shortened,
+        "undecodable_images": counts["dropped"],
+        "read_in_pieces": in_pieces,
+    }
     return row, counts, records, confidences
 
 
-def collect_results(args: argparse.Namespace, sets: list[dict], combined: dict[str, int],
-                    scored_shards: list[list[list[tuple]]]) -> dict:
+def collect_results(
+    args: argparse.Namespace, sets: list[dict], combined: dict[str, int], scored_shards: list[list[list[tuple]]]
+) -> dict:
     """What --json writes: each set's row and the combined one, with the accuracy of the most confident
     readings of every process, taken in LMDB-index order."""
-    by_set = [sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
-              for position in range(len(sets))]
+    by_set = [
+        sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
+        for position in range(len(sets))
+    ]
     for row, pairs in zip(sets, by_set):
         row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
-    return {"checkpoint": str(args.checkpoint), "metric_mode": args.metric_mode, "decoder": args.decoder,
-            "sets": sets, "combined": {
-                **summarize(combined, args.metric_mode), "in_lmdb": sum(row["in_lmdb"] for row in sets),
-                "accuracy_by_confidence": accuracy_by_confidence([pair[1:] for pairs in by_set for pair in pairs])}}
+    return {
+        "checkpoint": str(args.checkpoint),
+        "metric_mode": args.metric_mode,
+        "decoder": args.decoder,
+        "sets": sets,
+        "combined": {
+            **summarize(combined, args.metric_mode),
+            "in_lmdb": sum(row["in_lmdb"] for row in sets),
+            "accuracy_by_confidence": accuracy_by_confidence([pair[1:] for pairs in by_set for pair in pairs]),
+        },
+    }
 
 
-def report(args: argparse.Namespace, results: dict, shards: list[list[list[tuple]]] | None, seconds: float,
-           env: DistEnv, reader: Reader) -> None:
+def report(
+    args: argparse.Namespace,
+    results: dict,
+    shards: list[list[list[tuple]]] | None,
+    seconds: float,
+    env: DistEnv,
+    reader: Reader,
+) -> None:
     """Rank 0's part: the table, and the files asked for from every process's `shards` of predictions."""
     sets, combined = results["sets"], results["combined"]
     print_table(sets, combined, args.metric_mode, args.decoder)
     print(f"{combined['samples'] / seconds:.0f} images/s on {env.world_size} process(es), {env.device.type}")
     if reader.long_crops is not None:
-        print(f"{sum(row['read_in_pieces'] for row in sets)} of {combined['in_lmdb']} images were wider than "
-              f"{reader.long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)")
+        print(
+            f"{sum(row['read_in_pieces'] for row in sets)} of {combined['in_lmdb']} images were wider than "
+            f"{reader.long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)"
+        )
     if shards is not None:  # each set's records from every process, in LMDB-index order
-        merged = [sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
-                  for position in range(len(sets))]
+        merged = [
+            sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
+            for position in range(len(sets))
+        ]
     if args.dump:
         write_dump(args.dump, sets, merged, args.metric_mode, reader.codec.alphabet)
         print(f"predictions: {args.dump}")
@@ -390,8 +512,9 @@ def main() -> None:
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
-            row, counts, records, confidences = evaluate_set(name, root, reader, args, env, index_cache,
-                                                             keep_predictions)
+            row, counts, records, confidences = evaluate_set(
+                name, root, reader, args, env, index_cache, keep_predictions
+            )
             for key in COUNT_KEYS:
                 combined[key] += counts[key]
             sets.append(row)

@@ -50,6 +50,7 @@ Only a dtrb_vgg model fed grey, aspect-kept, 0.5/0.5-normalised images can be ha
 When EasyOCR is installed, the check reads the check images with that Reader (float32, no contrast
 pass) and with the checkpoint, and exits 1 when fewer than 99 % of the texts are identical.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,22 +77,41 @@ from data.codec import CTCCodec
 from data.image_files import encoded_images
 from data.lmdb_env import lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key, read_label
-from synthetic.render import build_plan, render_sample
 from data.transforms import ImageTransform, Preprocessing, build_transform, image_size
-from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from evaluation.metrics import METRIC_MODES, compared_form
-from models import output_frames
-from training.checkpoint import load_model
+from interop.easyocr_reader import agreement_lines, compare_readings, easyocr_reader
 from interop.peer_weights import easyocr_problems, write_easyocr_model
+from models import output_frames
+from synthetic.render import build_plan, render_sample
+from training.checkpoint import load_model
+from training.config import Config, ConfigFileOption, load_config
 from utils import cli
 from utils.atomic_write import write_bytes_atomically
-from training.config import Config, ConfigFileOption, load_config
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
 # EasyOCR's own recognizer names (easyocr/config.py): a custom model with one of them is not read.
-EASYOCR_BUILT_IN = {"standard", "latin_g1", "zh_tra_g1", "zh_sim_g1", "japanese_g1", "korean_g1", "thai_g1",
-                    "devanagari_g1", "cyrillic_g1", "arabic_g1", "tamil_g1", "bengali_g1", "english_g2", "latin_g2",
-                    "zh_sim_g2", "japanese_g2", "korean_g2", "telugu_g2", "kannada_g2", "cyrillic_g2"}
+EASYOCR_BUILT_IN = {
+    "standard",
+    "latin_g1",
+    "zh_tra_g1",
+    "zh_sim_g1",
+    "japanese_g1",
+    "korean_g1",
+    "thai_g1",
+    "devanagari_g1",
+    "cyrillic_g1",
+    "arabic_g1",
+    "tamil_g1",
+    "bengali_g1",
+    "english_g2",
+    "latin_g2",
+    "zh_sim_g2",
+    "japanese_g2",
+    "korean_g2",
+    "telugu_g2",
+    "kannada_g2",
+    "cyrillic_g2",
+}
 # Not 100 %: EasyOCR resizes a word narrower than high by another rule (docs/pretrained.md).
 EASYOCR_AGREEMENT = 0.99
 # The lowest opset torch.onnx's torch.export-based exporter has implementations for: a lower one is
@@ -142,41 +162,76 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     # Checked below rather than by `choices`, so that the old "torchscript" can be told what replaced it.
     parser.add_argument("--format", required=True, metavar="{" + ",".join(sorted(SUFFIXES)) + "}")
-    parser.add_argument("--out", type=Path, help="output file, or folder for easyocr (default: the checkpoint's name "
-                                                 "with .onnx / .pt2 / _easyocr)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output file, or folder for easyocr (default: the checkpoint's name " "with .onnx / .pt2 / _easyocr)",
+    )
     parser.add_argument("--name", help="easyocr: the model's name, recog_network=NAME (default: the checkpoint's)")
     parser.add_argument("--lang", nargs="+", help="easyocr: its lang_list (default: en)")
-    parser.add_argument("--check", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
-                        help="images to compare on (default: rendered by scripts/make_synthetic.py)")
+    parser.add_argument(
+        "--check",
+        nargs="+",
+        metavar="IMAGE|FOLDER|GLOB|LMDB",
+        help="images to compare on (default: rendered by scripts/make_synthetic.py)",
+    )
     parser.add_argument("--check-limit", type=int, default=32, help="compare on at most this many images (default 32)")
-    parser.add_argument("--tolerance", type=finite_float, default=1e-3,
-                        help="max abs logit difference allowed (default 1e-3)")
-    parser.add_argument("--config", action=ConfigFileOption,
-                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--int8", choices=INT8_MODES,
-                        help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the"
-                             " accuracy gate")
-    parser.add_argument("--calibrate", nargs="+", metavar="IMAGE|FOLDER|GLOB|LMDB",
-                        help=f"--int8 static: images like those the model will read (at most {CALIBRATION_IMAGES}),"
-                             " to set the activations' int8 ranges; keep them apart from --check")
-    parser.add_argument("--max-accuracy-drop", type=finite_float, default=1.0, metavar="POINTS",
-                        help="--int8: refuse the int8 model when its word accuracy on --check's labelled images is"
-                             " lower than the float model's by more than this (default 1.0 percentage point)")
-    parser.add_argument("--int8-check-limit", type=int, default=1000,
-                        help="--int8: compare int8 with float on at most this many images (default 1000)")
-    parser.add_argument("--metric-mode", default="benchmark", choices=METRIC_MODES,
-                        help="--int8: how a reading is compared with its label (evaluation/metrics.py; default"
-                             " benchmark, for [0-9a-z] models; ignore_case_symbols for larger alphabets)")
-    parser.add_argument("--speed", action="store_true",
-                        help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s")
+    parser.add_argument(
+        "--tolerance", type=finite_float, default=1e-3, help="max abs logit difference allowed (default 1e-3)"
+    )
+    parser.add_argument(
+        "--config",
+        action=ConfigFileOption,
+        help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
+    )
+    parser.add_argument(
+        "--int8",
+        choices=INT8_MODES,
+        help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the" " accuracy gate",
+    )
+    parser.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="IMAGE|FOLDER|GLOB|LMDB",
+        help=f"--int8 static: images like those the model will read (at most {CALIBRATION_IMAGES}),"
+        " to set the activations' int8 ranges; keep them apart from --check",
+    )
+    parser.add_argument(
+        "--max-accuracy-drop",
+        type=finite_float,
+        default=1.0,
+        metavar="POINTS",
+        help="--int8: refuse the int8 model when its word accuracy on --check's labelled images is"
+        " lower than the float model's by more than this (default 1.0 percentage point)",
+    )
+    parser.add_argument(
+        "--int8-check-limit",
+        type=int,
+        default=1000,
+        help="--int8: compare int8 with float on at most this many images (default 1000)",
+    )
+    parser.add_argument(
+        "--metric-mode",
+        default="benchmark",
+        choices=METRIC_MODES,
+        help="--int8: how a reading is compared with its label (evaluation/metrics.py; default"
+        " benchmark, for [0-9a-z] models; ignore_case_symbols for larger alphabets)",
+    )
+    parser.add_argument(
+        "--speed",
+        action="store_true",
+        help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s",
+    )
     return parser
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What `parser` alone does not refuse: out-of-range values, and options that need, or exclude, others."""
     if args.format == "torchscript":  # torch deprecated TorchScript
-        raise ValueError("--format torchscript was replaced by --format pt2: a torch.export program, loaded with"
-                         " torch.export.load")
+        raise ValueError(
+            "--format torchscript was replaced by --format pt2: a torch.export program, loaded with"
+            " torch.export.load"
+        )
     if args.format not in SUFFIXES:
         parser.error(f"argument --format: invalid choice: {args.format!r} (choose from {', '.join(sorted(SUFFIXES))})")
     check_out_suffix(args.format, args.out)
@@ -185,14 +240,20 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.tolerance < 0:
         parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
     if args.format != "easyocr" and (args.name or args.lang):
-        raise ValueError(f"--{'name' if args.name else 'lang'} is for --format easyocr; --format {args.format} has no"
-                         " name or language list")
+        raise ValueError(
+            f"--{'name' if args.name else 'lang'} is for --format easyocr; --format {args.format} has no"
+            " name or language list"
+        )
     if (args.int8 or args.speed) and args.format != "onnx":
-        parser.error(f"--{'int8' if args.int8 else 'speed'} needs --format onnx: int8 models and the timing run under"
-                     " onnxruntime")
+        parser.error(
+            f"--{'int8' if args.int8 else 'speed'} needs --format onnx: int8 models and the timing run under"
+            " onnxruntime"
+        )
     if args.int8 == "static" and not args.calibrate:
-        parser.error("--int8 static needs --calibrate IMAGE|FOLDER|GLOB|LMDB: images like those the model will read"
-                     " (e.g. its training LMDB), to set the int8 ranges of the convolutions' inputs")
+        parser.error(
+            "--int8 static needs --calibrate IMAGE|FOLDER|GLOB|LMDB: images like those the model will read"
+            " (e.g. its training LMDB), to set the int8 ranges of the convolutions' inputs"
+        )
     if args.calibrate and args.int8 != "static":
         parser.error("--calibrate is for --int8 static; --int8 dynamic needs no calibration images")
     if args.int8_check_limit < 1:
@@ -208,13 +269,17 @@ def check_out_suffix(export_format: str, out: Path | None) -> None:
     format_of_suffix = {wanted: name for name, wanted in SUFFIXES.items() if wanted.startswith(".")}
     other = f", or --format {format_of_suffix[suffix]}" if suffix in format_of_suffix else ""
     if export_format == "easyocr" and suffix in format_of_suffix:
-        raise ValueError(f"--format easyocr and --out {out} disagree: easyocr writes a folder, not a {suffix} file; "
-                         f"give a folder, e.g. --out {out.with_suffix('')}_easyocr"
-                         f"{other}")
+        raise ValueError(
+            f"--format easyocr and --out {out} disagree: easyocr writes a folder, not a {suffix} file; "
+            f"give a folder, e.g. --out {out.with_suffix('')}_easyocr"
+            f"{other}"
+        )
     if export_format != "easyocr" and suffix != SUFFIXES[export_format]:
-        raise ValueError(f"--format {export_format} and --out {out} disagree: the {export_format} file's name must end "
-                         f"in {SUFFIXES[export_format]}; give e.g. --out {out.with_suffix(SUFFIXES[export_format])}"
-                         f"{other}")
+        raise ValueError(
+            f"--format {export_format} and --out {out} disagree: the {export_format} file's name must end "
+            f"in {SUFFIXES[export_format]}; give e.g. --out {out.with_suffix(SUFFIXES[export_format])}"
+            f"{other}"
+        )
 
 
 def output_path(checkpoint: Path, export_format: str, out: Path | None) -> Path:
@@ -232,17 +297,21 @@ def check_onnx_packages(args: argparse.Namespace) -> None:
     if missing:
         raise ValueError(f"--format onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
     if (args.int8 or args.speed) and importlib.util.find_spec("onnxruntime") is None:
-        raise ValueError(f"--{'int8' if args.int8 else 'speed'} needs onnxruntime: pip install -r"
-                         " requirements-export.txt")
+        raise ValueError(
+            f"--{'int8' if args.int8 else 'speed'} needs onnxruntime: pip install -r" " requirements-export.txt"
+        )
 
 
 def metadata(codec: CTCCodec, preprocessing: Preprocessing) -> dict[str, str]:
     """What a runtime needs besides the weights: the alphabet and how to make the input."""
-    description = {"alphabet": codec.alphabet, "blank": 0, "fold_case": codec.fold_case,
-                   "preprocessing": preprocessing.to_dict(),
-                   "input": "images [B, C, H, W]: (pixels / 255 - mean) / std after the preprocessing's resize",
-                   "output": "logits [B, T, classes], T frames from W pixels (the CRNN's W / 4 + 1); greedy CTC"
-                             " decoding"}
+    description = {
+        "alphabet": codec.alphabet,
+        "blank": 0,
+        "fold_case": codec.fold_case,
+        "preprocessing": preprocessing.to_dict(),
+        "input": "images [B, C, H, W]: (pixels / 255 - mean) / std after the preprocessing's resize",
+        "output": "logits [B, T, classes], T frames from W pixels (the CRNN's W / 4 + 1); greedy CTC" " decoding",
+    }
     return {"crnn": json.dumps(description, ensure_ascii=False)}
 
 
@@ -254,8 +323,9 @@ def narrowest_width(model: nn.Module, preprocessing: Preprocessing) -> int:
     return width
 
 
-def export(model: nn.Module, example: Tensor, export_format: str, out: Path, extra: dict[str, str],
-           min_width: int) -> None:
+def export(
+    model: nn.Module, example: Tensor, export_format: str, out: Path, extra: dict[str, str], min_width: int
+) -> None:
     """Write `model` to `out` as `export_format`, traced on `example` [B, C, H, W] with B and W left free."""
     # torch.export keeps nn.LSTM as one aten.lstm op (ONNX: an LSTM node), but works out its output
     # shape by unrolling it over the example's frames, which would freeze T at 26. torch's while_loop
@@ -263,8 +333,9 @@ def export(model: nn.Module, example: Tensor, export_format: str, out: Path, ext
     # dynamic shapes. torch.onnx does so only while capturing, not while it decomposes the program
     # again (there T froze in a Reshape; pytorch/pytorch#193192), so it is held across both steps here.
     with register_lstm_while_loop_decomposition():
-        program = torch.export.export(model, (example,),
-                                      dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=min_width)},))
+        program = torch.export.export(
+            model, (example,), dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=min_width)},)
+        )
         serialized = io.BytesIO()
         if export_format == "onnx":
             export_onnx(program, serialized, extra)
@@ -280,9 +351,15 @@ def export_onnx(program: ExportedProgram, out: io.BytesIO, extra: dict[str, str]
 
     # The axis names only name the program's free axes in the file; verbose=False keeps torch.onnx's
     # progress lines out of the report on stdout.
-    onnx_program = torch.onnx.export(program, dynamo=True, opset_version=ONNX_OPSET, input_names=["images"],
-                                     output_names=["logits"], dynamic_shapes=({0: "batch", 3: "width"},),
-                                     verbose=False)
+    onnx_program = torch.onnx.export(
+        program,
+        dynamo=True,
+        opset_version=ONNX_OPSET,
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_shapes=({0: "batch", 3: "width"},),
+        verbose=False,
+    )
     proto = onnx_program.model_proto
     onnx.checker.check_model(proto)
     onnx.helper.set_model_props(proto, extra)
@@ -297,6 +374,7 @@ def onnx_runner(path: Path) -> Runner | None:
     if importlib.util.find_spec("onnxruntime") is None:
         return None
     import onnxruntime
+
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # respect OMP_NUM_THREADS, like torch
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -311,8 +389,10 @@ def check_images(sources: list[str] | None, alphabet: str, limit: int) -> tuple[
     """Up to `limit` (name, encoded image) pairs to check on, and where they come from."""
     if not sources:
         plan, _ = build_plan(alphabet, max_length=10)
-        images = [(f"rendered-{index}", render_sample(plan, 0, "export-check", index).image)
-                  for index in range(min(RENDERED_IMAGES, limit))]
+        images = [
+            (f"rendered-{index}", render_sample(plan, 0, "export-check", index).image)
+            for index in range(min(RENDERED_IMAGES, limit))
+        ]
         return images, "images rendered by scripts/make_synthetic.py"
     images = encoded_images(sources, limit)
     return images, f"images from {', '.join(sources)}"
@@ -329,8 +409,9 @@ def reads_single_images(exported: Runner, preprocessing: Preprocessing, min_widt
     return True
 
 
-def check_batches(images: list[tuple[str, bytes]], preprocessing: Preprocessing, min_width: int = MIN_WIDTH,
-                  single: bool = True) -> list[tuple[list[str], Tensor]]:
+def check_batches(
+    images: list[tuple[str, bytes]], preprocessing: Preprocessing, min_width: int = MIN_WIDTH, single: bool = True
+) -> list[tuple[list[str], Tensor]]:
     """(names, images [B, C, H, W]) to compare on: every image as one batch at the checkpoint's width and
     at twice it, then each alone at its own width (its aspect ratio at the model's height), or twice
     over when the program reads no single images (`single` false)."""
@@ -362,8 +443,9 @@ def decoded_texts(codec: CTCCodec, logits: Tensor) -> list[str]:
 
 
 @torch.inference_mode()
-def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[tuple[list[str], Tensor]],
-            tolerance: float) -> list[str]:
+def compare(
+    model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[tuple[list[str], Tensor]], tolerance: float
+) -> list[str]:
     """Report lines; the last starts with "check passed" or "check FAILED"."""
     max_difference, texts, differing = 0.0, 0, []
     for names, images in batches:
@@ -373,8 +455,10 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
         except Exception as error:  # a runtime's error on a shape the export did not generalise to
             return [f"check FAILED: the exported model failed on images {tuple(images.shape)}: {error}"]
         if actual.shape != expected.shape:
-            return [f"check FAILED: images {tuple(images.shape)} gave logits {tuple(actual.shape)},"
-                    f" PyTorch {tuple(expected.shape)}"]
+            return [
+                f"check FAILED: images {tuple(images.shape)} gave logits {tuple(actual.shape)},"
+                f" PyTorch {tuple(expected.shape)}"
+            ]
         max_difference = max(max_difference, (actual - expected).abs().max().item())
         for name, want, got in zip(names, decoded_texts(codec, expected), decoded_texts(codec, actual)):
             texts += 1
@@ -383,10 +467,12 @@ def compare(model: nn.Module, exported: Runner, codec: CTCCodec, batches: list[t
     widths = sorted({images.shape[3] for _, images in batches})
     sizes = sorted({images.shape[0] for _, images in batches})
     used = len({name for names, _ in batches for name in names})
-    lines = [f"{used} images, {len(batches)} runs: batch sizes {', '.join(map(str, sizes))};"
-             f" widths {widths[0]} to {widths[-1]}",
-             f"max abs logit difference: {max_difference:.2e} (tolerance {tolerance:g})",
-             f"decoded texts identical: {texts - len(differing)} of {texts}"]
+    lines = [
+        f"{used} images, {len(batches)} runs: batch sizes {', '.join(map(str, sizes))};"
+        f" widths {widths[0]} to {widths[-1]}",
+        f"max abs logit difference: {max_difference:.2e} (tolerance {tolerance:g})",
+        f"decoded texts identical: {texts - len(differing)} of {texts}",
+    ]
     lines += [f"  differs: {line}" for line in differing[:10]]
     problems = (["texts differ"] if differing else []) + (["logits differ"] if max_difference > tolerance else [])
     lines.append(f"check FAILED: {' and '.join(problems)}" if problems else "check passed")
@@ -425,8 +511,9 @@ def labelled_images(sources: list[str] | None, alphabet: str, limit: int) -> lis
     return images[:limit]
 
 
-def batches_at_width(images: list[tuple[str, bytes]], preprocessing: Preprocessing, batch_size: int,
-                     option: str = "--check") -> list[tuple[list[int], Tensor]]:
+def batches_at_width(
+    images: list[tuple[str, bytes]], preprocessing: Preprocessing, batch_size: int, option: str = "--check"
+) -> list[tuple[list[int], Tensor]]:
     """(positions in `images`, images [B, C, H, W]) at the checkpoint's width, as the model reads them in
     training and evaluation; an image that cannot be decoded is reported on stderr and left out, and
     `option` (where the images came from) named when none is left."""
@@ -439,7 +526,7 @@ def batches_at_width(images: list[tuple[str, bytes]], preprocessing: Preprocessi
             print(f"{name}: cannot decode ({error}); not used", file=sys.stderr)
     if not decoded:
         raise ValueError(f"none of the {option} images could be decoded: give images Pillow reads")
-    chunks = [decoded[start:start + batch_size] for start in range(0, len(decoded), batch_size)]
+    chunks = [decoded[start : start + batch_size] for start in range(0, len(decoded), batch_size)]
     return [([position for position, _ in chunk], torch.stack([image for _, image in chunk])) for chunk in chunks]
 
 
@@ -470,9 +557,16 @@ def quantize_int8(float_onnx: Path, int8_onnx: Path, mode: str, calibration: lis
         # convolution inputs and outputs (about 200 MB for CALIBRATION_IMAGES at 32 x 128): its option
         # to merge them as it goes, CalibMaxIntermediateOutputs, drops them unmeasured instead
         # (microsoft/onnxruntime#18893, in 1.31.1).
-        quantize_static(prepared, calibrated, CalibrationImages(calibration), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=STATIC_OP_TYPES, per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+        quantize_static(
+            prepared,
+            calibrated,
+            CalibrationImages(calibration),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=STATIC_OP_TYPES,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
         prepared = calibrated
     quantize_dynamic(prepared, int8_onnx, op_types_to_quantize=DYNAMIC_OP_TYPES, weight_type=QuantType.QInt8)
 
@@ -499,14 +593,21 @@ class Int8Comparison:
 
 
 @torch.inference_mode()
-def compare_int8(float_model: Runner, int8_model: Runner, codec: CTCCodec, images: list[tuple[str, bytes, str | None]],
-                 preprocessing: Preprocessing, mode: str) -> Int8Comparison:
+def compare_int8(
+    float_model: Runner,
+    int8_model: Runner,
+    codec: CTCCodec,
+    images: list[tuple[str, bytes, str | None]],
+    preprocessing: Preprocessing,
+    mode: str,
+) -> Int8Comparison:
     """Read `images` with both models and count agreements, and right readings under metric `mode`."""
     counts = dict.fromkeys(("images", "identical", "scored", "float_correct", "int8_correct"), 0)
     for positions, batch in batches_at_width([(name, image) for name, image, _ in images], preprocessing, INT8_BATCH):
         labels = [images[position][2] for position in positions]
-        for label, float_text, int8_text in zip(labels, decoded_texts(codec, float_model(batch)),
-                                                decoded_texts(codec, int8_model(batch))):
+        for label, float_text, int8_text in zip(
+            labels, decoded_texts(codec, float_model(batch)), decoded_texts(codec, int8_model(batch))
+        ):
             counts["images"] += 1
             counts["identical"] += float_text == int8_text
             truth = "" if label is None else compared_form(codec.normalize(label), mode, codec.alphabet)
@@ -519,24 +620,34 @@ def compare_int8(float_model: Runner, int8_model: Runner, codec: CTCCodec, image
 
 def int8_report(comparison: Int8Comparison, mode: str, max_drop: float) -> tuple[list[str], str | None]:
     """Report lines, and why the int8 model is refused (None when it passes the gate)."""
-    lines = [f"decoded texts identical to float's: {comparison.identical} of {comparison.images}"
-             f" ({100 - comparison.differing_percent:.2f} %)"]
+    lines = [
+        f"decoded texts identical to float's: {comparison.identical} of {comparison.images}"
+        f" ({100 - comparison.differing_percent:.2f} %)"
+    ]
     if comparison.scored:
         float_accuracy = 100 * comparison.float_correct / comparison.scored
         int8_accuracy = 100 * comparison.int8_correct / comparison.scored
-        lines.append(f"word accuracy ({mode}) on {comparison.scored} labelled images: float {float_accuracy:.2f} %,"
-                     f" int8 {int8_accuracy:.2f} % ({int8_accuracy - float_accuracy:+.2f} points; --max-accuracy-drop"
-                     f" {max_drop:g})")
+        lines.append(
+            f"word accuracy ({mode}) on {comparison.scored} labelled images: float {float_accuracy:.2f} %,"
+            f" int8 {int8_accuracy:.2f} % ({int8_accuracy - float_accuracy:+.2f} points; --max-accuracy-drop"
+            f" {max_drop:g})"
+        )
         if comparison.accuracy_drop > max_drop:
-            return lines, (f"word accuracy fell {comparison.accuracy_drop:.2f} points (float {float_accuracy:.2f} %,"
-                           f" int8 {int8_accuracy:.2f} % on {comparison.scored} labelled images), more than"
-                           f" --max-accuracy-drop {max_drop:g}")
+            return lines, (
+                f"word accuracy fell {comparison.accuracy_drop:.2f} points (float {float_accuracy:.2f} %,"
+                f" int8 {int8_accuracy:.2f} % on {comparison.scored} labelled images), more than"
+                f" --max-accuracy-drop {max_drop:g}"
+            )
         return lines, None
-    lines.append("no labels among the images (give a labelled LMDB with --check to measure accuracy): the share of"
-                 " texts that differ stands in for the accuracy drop, as its upper bound")
+    lines.append(
+        "no labels among the images (give a labelled LMDB with --check to measure accuracy): the share of"
+        " texts that differ stands in for the accuracy drop, as its upper bound"
+    )
     if comparison.differing_percent > max_drop:
-        return lines, (f"{comparison.differing_percent:.2f} % of the texts differ from float's (no labels to measure"
-                       f" accuracy), more than --max-accuracy-drop {max_drop:g}")
+        return lines, (
+            f"{comparison.differing_percent:.2f} % of the texts differ from float's (no labels to measure"
+            f" accuracy), more than --max-accuracy-drop {max_drop:g}"
+        )
     return lines, None
 
 
@@ -563,10 +674,12 @@ def images_per_second(models: dict[str, Runner], images: Tensor) -> dict[str, li
 def speed_lines(files: dict[str, Path], images: list[tuple[str, bytes]], preprocessing: Preprocessing) -> list[str]:
     """images/s of each ONNX file under onnxruntime at SPEED_BATCHES, and the files' sizes."""
     models = {name: onnx_runner(path) for name, path in files.items()}
-    _, batch = batches_at_width(images[:max(SPEED_BATCHES)], preprocessing, max(SPEED_BATCHES))[0]
+    _, batch = batches_at_width(images[: max(SPEED_BATCHES)], preprocessing, max(SPEED_BATCHES))[0]
     threads = torch.get_num_threads()  # onnx_runner's intra-op threads
-    lines = [f"images/s under onnxruntime on the CPU ({threads} thread{'s' if threads > 1 else ''}, width"
-             f" {preprocessing.width}; medians of {SPEED_ROUNDS} rounds, the models taking turns):"]
+    lines = [
+        f"images/s under onnxruntime on the CPU ({threads} thread{'s' if threads > 1 else ''}, width"
+        f" {preprocessing.width}; medians of {SPEED_ROUNDS} rounds, the models taking turns):"
+    ]
     for size in SPEED_BATCHES:
         repeated = batch.repeat(math.ceil(size / len(batch)), 1, 1, 1)[:size]  # [size, C, H, W]
         rates = images_per_second(models, repeated)
@@ -579,59 +692,94 @@ def speed_lines(files: dict[str, Path], images: list[tuple[str, bytes]], preproc
     return lines
 
 
-def export_int8(out: Path, codec: CTCCodec, preprocessing: Preprocessing, args: argparse.Namespace,
-                images: list[tuple[str, bytes, str | None]], calibration: list[tuple[str, bytes]]) -> int:
+def export_int8(
+    out: Path,
+    codec: CTCCodec,
+    preprocessing: Preprocessing,
+    args: argparse.Namespace,
+    images: list[tuple[str, bytes, str | None]],
+    calibration: list[tuple[str, bytes]],
+) -> int:
     """Quantize the float ONNX `out` as `args.int8` says, weigh it against the float model on `images`, and
     move it into place only when it passes the gate."""
     target, mode = int8_path(out), args.int8
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=out.parent) as work:  # beside `out`: one file system
         int8_onnx = Path(work) / target.name
-        calibration_batches = [batch for _, batch in batches_at_width(calibration, preprocessing, INT8_BATCH,
-                                                                       "--calibrate")] if calibration else []
+        calibration_batches = (
+            [batch for _, batch in batches_at_width(calibration, preprocessing, INT8_BATCH, "--calibrate")]
+            if calibration
+            else []
+        )
         quantize_int8(out, int8_onnx, mode, calibration_batches, Path(work))
         calibrated = f", calibrated on {len(calibration)} images" if calibration else ""
-        print(f"quantized to int8 ({mode}{calibrated}) in {time.perf_counter() - start:.1f} s; comparing with the"
-              f" float model on {len(images)} images")
-        comparison = compare_int8(onnx_runner(out), onnx_runner(int8_onnx), codec, images, preprocessing,
-                                  args.metric_mode)
+        print(
+            f"quantized to int8 ({mode}{calibrated}) in {time.perf_counter() - start:.1f} s; comparing with the"
+            f" float model on {len(images)} images"
+        )
+        comparison = compare_int8(
+            onnx_runner(out), onnx_runner(int8_onnx), codec, images, preprocessing, args.metric_mode
+        )
         lines, refusal = int8_report(comparison, args.metric_mode, args.max_accuracy_drop)
         print("\n".join(lines))
         if args.speed:
-            print("\n".join(speed_lines({"float": out, "int8": int8_onnx},
-                                        [(name, image) for name, image, _ in images], preprocessing)))
+            print(
+                "\n".join(
+                    speed_lines(
+                        {"float": out, "int8": int8_onnx}, [(name, image) for name, image, _ in images], preprocessing
+                    )
+                )
+            )
         if refusal:
             # Dynamic keeps the convolutions in float: what to try when the static model fails the gate.
             fallback = ", or try --int8 dynamic" if mode == "static" else ""
-            print(f"int8 check FAILED: {refusal}; no int8 file written (raise --max-accuracy-drop to accept it"
-                  f"{fallback})")
+            print(
+                f"int8 check FAILED: {refusal}; no int8 file written (raise --max-accuracy-drop to accept it"
+                f"{fallback})"
+            )
             return 1
         os.replace(int8_onnx, target)
     print(f"int8 check passed: wrote {target} ({target.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 
-def export_easyocr(model: nn.Module, codec: CTCCodec, config: Config, preprocessing: Preprocessing, out: Path,
-                   name: str, languages: list[str], images: list[tuple[str, bytes]], origin: str) -> int:
+def export_easyocr(
+    model: nn.Module,
+    codec: CTCCodec,
+    config: Config,
+    preprocessing: Preprocessing,
+    out: Path,
+    name: str,
+    languages: list[str],
+    images: list[tuple[str, bytes]],
+    origin: str,
+) -> int:
     """Write the EasyOCR folder; read the check images with EasyOCR and with `model` when EasyOCR is here."""
     problems = easyocr_problems(config.model, preprocessing)
     if problems:
         raise ValueError("EasyOCR cannot run this model as it was trained: " + "; ".join(problems))
     if not name.isidentifier():  # EasyOCR imports user_network/NAME.py as a module
         suggestion = re.sub(r"\W", "_", name).lstrip("0123456789") or "my_model"
-        raise ValueError(f"--name {name!r}: EasyOCR imports the network as a Python module, so the name must be an"
-                         f" identifier (letters, digits, _), e.g. --name {suggestion}")
+        raise ValueError(
+            f"--name {name!r}: EasyOCR imports the network as a Python module, so the name must be an"
+            f" identifier (letters, digits, _), e.g. --name {suggestion}"
+        )
     if name in EASYOCR_BUILT_IN:
-        raise ValueError(f"--name {name}: EasyOCR would load its own {name} instead; pick another, e.g. --name "
-                         f"{name}_custom")
+        raise ValueError(
+            f"--name {name}: EasyOCR would load its own {name} instead; pick another, e.g. --name " f"{name}_custom"
+        )
     write_easyocr_model(out, name, model.state_dict(), codec.alphabet, config.model, preprocessing, languages)
-    print(f"exported easyocr to {out}: model/{name}.pth, user_network/{name}.py and {name}.yaml (imgH "
-          f"{preprocessing.height}, {len(codec.alphabet)} characters); read with easyocr.Reader({languages},"
-          f" recog_network={name!r}, model_storage_directory='{out / 'model'}', user_network_directory="
-          f"'{out / 'user_network'}')")
+    print(
+        f"exported easyocr to {out}: model/{name}.pth, user_network/{name}.py and {name}.yaml (imgH "
+        f"{preprocessing.height}, {len(codec.alphabet)} characters); read with easyocr.Reader({languages},"
+        f" recog_network={name!r}, model_storage_directory='{out / 'model'}', user_network_directory="
+        f"'{out / 'user_network'}')"
+    )
     if preprocessing.interpolation != "opencv_linear":
-        print(f"note: the model was trained with {preprocessing.interpolation} resizing; EasyOCR resizes with cv2's "
-              "bilinear (data.interpolation: opencv_linear), so some readings may differ")
+        print(
+            f"note: the model was trained with {preprocessing.interpolation} resizing; EasyOCR resizes with cv2's "
+            "bilinear (data.interpolation: opencv_linear), so some readings may differ"
+        )
     if importlib.util.find_spec("easyocr") is None:
         print("EasyOCR is not installed: the export was not read back with it (pip install easyocr)")
         return 0
@@ -660,8 +808,9 @@ def main() -> int:
         int8_images = labelled_images(args.check, codec.alphabet, args.int8_check_limit)
         calibration = encoded_images(args.calibrate, CALIBRATION_IMAGES) if args.calibrate else []
     if args.format == "easyocr":
-        return export_easyocr(model, codec, config, preprocessing, out, args.name or checkpoint.stem,
-                              args.lang or ["en"], images, origin)
+        return export_easyocr(
+            model, codec, config, preprocessing, out, args.name or checkpoint.stem, args.lang or ["en"], images, origin
+        )
     if args.format == "onnx":
         check_onnx_packages(args)
         if args.int8:  # a stale int8 file of an earlier export must not pass for this model's
@@ -673,18 +822,24 @@ def main() -> int:
     min_width = narrowest_width(model, preprocessing)
     export(model, example, args.format, out, metadata(codec, preprocessing), min_width)
     exported = onnx_runner(out) if args.format == "onnx" else pt2_runner(out)
-    print(f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
-          f" images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
-          f" {codec.num_classes}]")
+    print(
+        f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
+        f" images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
+        f" {codec.num_classes}]"
+    )
     if exported is None:
-        print(f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"
-              " (pip install -r requirements-export.txt)")
+        print(
+            f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"
+            " (pip install -r requirements-export.txt)"
+        )
         return 0
 
     single = reads_single_images(exported, preprocessing, min_width)
     if not single:
-        print(f"note: {out} reads batches of two or more images, not one (torch.export specialises a batch of one for"
-              f" {config.model.arch}): give a single image twice")
+        print(
+            f"note: {out} reads batches of two or more images, not one (torch.export specialises a batch of one for"
+            f" {config.model.arch}): give a single image twice"
+        )
     print(f"checking against PyTorch on {origin}")
     lines = compare(model, exported, codec, check_batches(images, preprocessing, min_width, single), args.tolerance)
     print("\n".join(lines))

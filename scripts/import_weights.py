@@ -12,6 +12,7 @@ which it chose. Their files hold no character list: the published models' sets a
 class count; any other needs --alphabet, the characters in the source's class order (the blank, class
 0, not listed). The result then works with eval.sh, predict.py, export.py, and train.init_from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,6 @@ import torch
 
 from data.alphabet import load_alphabet
 from data.transforms import Preprocessing
-from models import count_parameters, model_from_config, output_frames
-from training.checkpoint import load_checkpoint, save_checkpoint, weights_checkpoint
 from interop.peer_weights import (
     FORMATS,
     convert_state_dict,
@@ -31,6 +30,8 @@ from interop.peer_weights import (
     model_settings,
     source_alphabet,
 )
+from models import count_parameters, model_from_config, output_frames
+from training.checkpoint import load_checkpoint, save_checkpoint, weights_checkpoint
 from utils import cli
 
 
@@ -38,8 +39,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path, help="the other project's checkpoint (.pth)")
     parser.add_argument("--out", type=Path, required=True, help="this project's checkpoint to write (.pt)")
-    parser.add_argument("--format", default="auto", choices=["auto", *FORMATS], help="the source's layout (default auto)")
-    parser.add_argument("--alphabet", help="the source's characters in class order: a string, or a file with one per line")
+    parser.add_argument(
+        "--format", default="auto", choices=["auto", *FORMATS], help="the source's layout (default auto)"
+    )
+    parser.add_argument(
+        "--alphabet", help="the source's characters in class order: a string, or a file with one per line"
+    )
     return parser.parse_args()
 
 
@@ -50,8 +55,10 @@ def check_out(out: Path, source: Path) -> None:
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give a file, e.g. --out {out / source.with_suffix('.pt').name}")
     if out.exists() and not is_import(out):
-        raise ValueError(f"--out {out} exists and is not a checkpoint this script wrote (a trained checkpoint would be"
-                         " lost); remove it or give another --out")
+        raise ValueError(
+            f"--out {out} exists and is not a checkpoint this script wrote (a trained checkpoint would be"
+            " lost); remove it or give another --out"
+        )
 
 
 def is_import(path: Path) -> bool:
@@ -75,8 +82,10 @@ def main() -> int:
         peer = FORMATS[args.format]
         absent = [key for key in peer.signature if key not in source]
         if absent:
-            raise ValueError(f"{args.source} is not in the {peer.name} layout: it lacks {', '.join(absent)}; the first "
-                             f"keys found: {', '.join(list(source)[:6])} (try --format auto)")
+            raise ValueError(
+                f"{args.source} is not in the {peer.name} layout: it lacks {', '.join(absent)}; the first "
+                f"keys found: {', '.join(list(source)[:6])} (try --format auto)"
+            )
         print(f"format: {peer.name} (--format)")
 
     model_section = model_settings(peer, source)
@@ -95,14 +104,19 @@ def main() -> int:
     save_checkpoint(args.out, imported)
 
     described = ", ".join(f"{key}={value}" for key, value in model_section.items())
-    print(f"model: {described}; {count_parameters(model):,} parameters, {frames} frames at "
-          f"{preprocessing.width} px")
+    print(
+        f"model: {described}; {count_parameters(model):,} parameters, {frames} frames at " f"{preprocessing.width} px"
+    )
     print("\n".join(report))
-    print(f"characters: {len(alphabet)} from {alphabet_origin}, blank at class 0"
-          f"{'; labels lowercased (fold_case)' if fold_case else ''}")
+    print(
+        f"characters: {len(alphabet)} from {alphabet_origin}, blank at class 0"
+        f"{'; labels lowercased (fold_case)' if fold_case else ''}"
+    )
     print(f"preprocessing: {preprocessing.to_dict()}; evaluation pads to multiples of {peer.eval_width_step} px")
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB). Next: scripts/eval.sh {args.out} LMDB ..., "
-          f"python scripts/predict.py {args.out} IMAGES, or train from it with train.init_from={args.out}")
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB). Next: scripts/eval.sh {args.out} LMDB ..., "
+        f"python scripts/predict.py {args.out} IMAGES, or train from it with train.init_from={args.out}"
+    )
     return 0
 
 

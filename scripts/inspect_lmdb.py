@@ -12,6 +12,7 @@ sizes come from the file headers, without decoding the pixels; `--decode` decode
 which also finds truncated files. `--montage` draws `--samples` random samples (fixed `--seed`) with
 their labels. The LMDB is opened read-only (no lock file is written).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,8 +105,9 @@ def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
     return (*image_size(image_bytes), kind)  # upright, as training sees it
 
 
-def scan(txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, normalize: Callable[[str], str],
-         decode: bool) -> Report:
+def scan(
+    txn: lmdb.Transaction, indices: range, alphabet: set[str] | None, normalize: Callable[[str], str], decode: bool
+) -> Report:
     report = Report()
     for index in tqdm(indices, desc="scanning", unit="sample", mininterval=2.0, disable=None):
         image_bytes = txn.get(image_key(index))
@@ -151,7 +153,7 @@ def histogram(counts: Counter, unit: str = "") -> list[str]:
     low, high = min(counts), max(counts)
     size = 1
     while (high // size - low // size + 1) > HISTOGRAM_ROWS:
-        size = next(step * 10 ** power for power in range(12) for step in (1, 2, 5) if step * 10 ** power > size)
+        size = next(step * 10**power for power in range(12) for step in (1, 2, 5) if step * 10**power > size)
     bins = Counter()
     for value, count in counts.items():
         bins[value // size * size] += count
@@ -179,8 +181,9 @@ def examples(indices: list[int]) -> str:
     return shown + (f" and {len(indices) - EXAMPLES} more" if len(indices) > EXAMPLES else "")
 
 
-def write_montage(txn: lmdb.Transaction, complete: list[int], path: Path, samples: int, seed: int,
-                  normalize: Callable[[str], str]) -> None:
+def write_montage(
+    txn: lmdb.Transaction, complete: list[int], path: Path, samples: int, seed: int, normalize: Callable[[str], str]
+) -> None:
     """A picture of `samples` samples drawn (by `seed`) from those holding both a label and an image."""
     if not complete:
         print("montage: not written, no sample holds both a label and an image")
@@ -205,11 +208,14 @@ def montage(txn: lmdb.Transaction, indices: list[int], normalize: Callable[[str]
     return caption_grid(tiles)
 
 
-def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None, case_folded: bool,
-                 decode: bool) -> None:
+def print_report(
+    report: Report, alphabet: str | None, alphabet_spec: str | None, case_folded: bool, decode: bool
+) -> None:
     missing = len(report.missing_labels) + len(report.missing_images)
-    print(f"missing keys: {len(report.missing_labels)} labels, {len(report.missing_images)} images"
-          + (":" if missing else ""))
+    print(
+        f"missing keys: {len(report.missing_labels)} labels, {len(report.missing_images)} images"
+        + (":" if missing else "")
+    )
     if report.missing_labels:
         print(f"  label missing at {examples(report.missing_labels)}")
     if report.missing_images:
@@ -219,8 +225,10 @@ def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None
     empty = report.empty_labels
     print(f"empty labels: {len(empty)}" + (f" ({examples(empty)})" if empty else ""))
     if report.not_utf8:
-        print(f"labels not valid UTF-8: {len(report.not_utf8)} ({examples(report.not_utf8)});"
-              " training reads them with U+FFFD in place of the bad bytes")
+        print(
+            f"labels not valid UTF-8: {len(report.not_utf8)} ({examples(report.not_utf8)});"
+            " training reads them with U+FFFD in place of the bad bytes"
+        )
     print("image height (px):")
     print("\n".join(histogram(report.heights)))
     print("image width (px):")
@@ -234,9 +242,11 @@ def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None
         print(f"  ... and {len(report.undecodable) - EXAMPLES} more")
     if alphabet is not None:
         labels = report.labels_outside_alphabet
-        print(f"characters outside the alphabet ({len(alphabet)} characters from {alphabet_spec}):"
-              f" {len(report.outside_alphabet)} distinct, in {len(labels)} labels"
-              + (f" ({examples(labels)}); training drops these samples" if labels else ""))
+        print(
+            f"characters outside the alphabet ({len(alphabet)} characters from {alphabet_spec}):"
+            f" {len(report.outside_alphabet)} distinct, in {len(labels)} labels"
+            + (f" ({examples(labels)}); training drops these samples" if labels else "")
+        )
         for char, count in report.outside_alphabet.most_common(20):
             print(f"  {char!r} (U+{ord(char):04X} {unicodedata.name(char, '?')}): {count}")
         if len(report.outside_alphabet) > 20:
@@ -246,8 +256,10 @@ def print_report(report: Report, alphabet: str | None, alphabet_spec: str | None
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("lmdb", type=Path, help="LMDB folder (holding data.mdb)")
-    parser.add_argument("--alphabet", help="report label characters outside it: characters, or a .txt file with one"
-                        " per line (like data.alphabet)")
+    parser.add_argument(
+        "--alphabet",
+        help="report label characters outside it: characters, or a .txt file with one" " per line (like data.alphabet)",
+    )
     parser.add_argument("--fold-case", action="store_true", help="lowercase labels first, like data.fold_case=true")
     parser.add_argument("--limit", type=int, help="scan only the first N samples (for very large LMDBs)")
     parser.add_argument("--decode", action="store_true", help="decode every image, not only its header (slower)")
@@ -296,19 +308,27 @@ def indices_to_scan(txn: lmdb.Transaction, num_samples: int | None, limit: int |
     printed, with where they disagree with num-samples."""
     first, highest = first_index(txn), highest_index(txn)
     if first == 0:
-        print("  index 0 holds a sample: the format counts from 1 and other readers skip it; training and"
-              " eval read it")
+        print(
+            "  index 0 holds a sample: the format counts from 1 and other readers skip it; training and" " eval read it"
+        )
     if num_samples is None:
         print(f"scanning indices {first} to {highest}, the highest image-/label- key")
     elif num_samples + first - 1 > highest:
-        print(f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
-              f" or the LMDB was cut short; scanning indices {first} to {highest}")
+        print(
+            f"  no sample beyond index {highest}, the highest image-/label- key: num-samples is wrong,"
+            f" or the LMDB was cut short; scanning indices {first} to {highest}"
+        )
     elif num_samples + first - 1 < highest:
-        print(f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
-              f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}")
+        print(
+            f"  samples beyond num-samples, up to index {highest}: training and eval read them all;"
+            f" num-samples is wrong (scripts/create_lmdb.py writes it); scanning indices {first} to {highest}"
+        )
     end = highest if limit is None else min(highest, limit)
-    print("scanned: no samples; training and eval refuse an LMDB without samples" if end < first else
-          f"scanned: samples {first} to {end}" + (f" of {highest} (--limit)" if end < highest else " (all)"))
+    print(
+        "scanned: no samples; training and eval refuse an LMDB without samples"
+        if end < first
+        else f"scanned: samples {first} to {end}" + (f" of {highest} (--limit)" if end < highest else " (all)")
+    )
     return range(first, end + 1)
 
 
@@ -317,8 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     alphabet = read_alphabet(args.alphabet)
     # Labels as training reads them (case folded, Unicode composed as the alphabet is), so the counts
     # below are training's; without an alphabet, only the case.
-    normalize = (CTCCodec(alphabet, args.fold_case).normalize if alphabet is not None
-                 else fold_case if args.fold_case else str)
+    normalize = (
+        CTCCodec(alphabet, args.fold_case).normalize if alphabet is not None else fold_case if args.fold_case else str
+    )
     env = open_lmdb(args.lmdb)
     try:
         with env.begin(buffers=True) as txn:

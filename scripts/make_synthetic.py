@@ -23,6 +23,7 @@ measures how a model reads what it has never seen. Each sample's font and backgr
 under `meta-%09d`. Every sample is drawn from its own generators, seeded from (seed, split, index):
 a seed gives the same bytes whatever `--workers` is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,16 +82,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="non-negative; same seed, same bytes")
     parser.add_argument("--alphabet", default=DEFAULT_ALPHABET, help="characters, or a .txt file with one per line")
     parser.add_argument("--max-length", type=int, default=12, help="longest text, in characters (default 12)")
-    parser.add_argument("--words", type=Path, default=WORDS_FILE,
-                        help="UTF-8 word list, one per line (default: the shipped English list); words the alphabet"
-                             " cannot spell are skipped")
+    parser.add_argument(
+        "--words",
+        type=Path,
+        default=WORDS_FILE,
+        help="UTF-8 word list, one per line (default: the shipped English list); words the alphabet"
+        " cannot spell are skipped",
+    )
     parser.add_argument("--no-words", action="store_true", help="draw numbers and random strings only")
     parser.add_argument("--fonts", type=Path, help="also draw with every .ttf/.otf/.ttc font in this folder")
-    parser.add_argument("--system-fonts", action=argparse.BooleanOptionalAction, default=True,
-                        help="draw with the fonts installed on the machine and as Python packages (default: yes;"
-                             " --no-system-fonts with --fonts DIR: that folder's fonts only)")
-    parser.add_argument("--held-out-fonts", default=",".join(HELD_OUT_FAMILIES), metavar="FAMILY,FAMILY",
-                        help="font families rendered in test only, where installed (default: %(default)s)")
+    parser.add_argument(
+        "--system-fonts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draw with the fonts installed on the machine and as Python packages (default: yes;"
+        " --no-system-fonts with --fonts DIR: that folder's fonts only)",
+    )
+    parser.add_argument(
+        "--held-out-fonts",
+        default=",".join(HELD_OUT_FAMILIES),
+        metavar="FAMILY,FAMILY",
+        help="font families rendered in test only, where installed (default: %(default)s)",
+    )
     parser.add_argument("--backgrounds", type=Path, help="also draw on crops of the photos in this folder")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="rendering processes")
     parser.add_argument("--overwrite", action="store_true", help="replace existing OUT/train, OUT/val and OUT/test")
@@ -110,20 +123,29 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
     fonts = plan.fonts
     train, held_out = fonts.families(held_out=False), fonts.families(held_out=True)
     origins = sorted({coverage.font.origin.split(" (")[0].split(" ")[0] for coverage in fonts.train + fonts.held_out})
-    print(f"fonts: {len(train)} families for train and val, {len(held_out)} held out for test"
-          f" ({len(fonts.train) + len(fonts.held_out)} files; from {', '.join(origins)})")
-    print("  held out: "
-          + (", ".join(held_out) if held_out else "none: a single family is installed, so test uses it too"))
+    print(
+        f"fonts: {len(train)} families for train and val, {len(held_out)} held out for test"
+        f" ({len(fonts.train) + len(fonts.held_out)} files; from {', '.join(origins)})"
+    )
+    print(
+        "  held out: "
+        + (", ".join(held_out) if held_out else "none: a single family is installed, so test uses it too")
+    )
     print(f"  train: {', '.join(train)}")
-    packages = {coverage.font.origin for coverage in fonts.train + fonts.held_out
-                if coverage.font.origin.startswith("package")}
+    packages = {
+        coverage.font.origin for coverage in fonts.train + fonts.held_out if coverage.font.origin.startswith("package")
+    }
     if packages:
         licences = Counter(origin.rpartition("(")[2].rstrip(")") for origin in packages)
-        print(f"  {len(packages)} font packages, licences: "
-              + ", ".join(f"{licence} {count}" for licence, count in licences.most_common()))
+        print(
+            f"  {len(packages)} font packages, licences: "
+            + ", ".join(f"{licence} {count}" for licence, count in licences.most_common())
+        )
     if len(train) < 5:
-        print("  few typefaces: a model trained on them reads other typefaces poorly; install more with"
-              " `pip install -r requirements-fonts.txt` (or fonts-* Debian packages, or --fonts DIR)")
+        print(
+            "  few typefaces: a model trained on them reads other typefaces poorly; install more with"
+            " `pip install -r requirements-fonts.txt` (or fonts-* Debian packages, or --fonts DIR)"
+        )
     by_reason: dict[str, list[str]] = {}
     for font, reason in fonts.unusable:
         by_reason.setdefault(reason, []).append(Path(font).name if font else "the built-in font")
@@ -132,16 +154,22 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
         print(f"not using {shown}: {reason}")
     if fonts.missing:
         shown = " ".join(repr(char) for char in fonts.missing[:20]) + (" ..." if len(fonts.missing) > 20 else "")
-        print(f"{len(fonts.missing)} of the alphabet's {len(alphabet)} characters are in no font and are never"
-              f" drawn: {shown}")
+        print(
+            f"{len(fonts.missing)} of the alphabet's {len(alphabet)} characters are in no font and are never"
+            f" drawn: {shown}"
+        )
         if needs_cjk_font(fonts.missing):
             print("  no CJK font has them: install fonts-noto-cjk or fonts-wqy-zenhei, or pass --fonts DIR")
     if words_file is not None:
-        print(f"words: kept {len(plan.text.words)} of {len(plan.text.words) + skipped_words} in {words_file};"
-              f" skipped {skipped_words} (characters outside the alphabet, or longer than --max-length)")
+        print(
+            f"words: kept {len(plan.text.words)} of {len(plan.text.words) + skipped_words} in {words_file};"
+            f" skipped {skipped_words} (characters outside the alphabet, or longer than --max-length)"
+        )
     styles = {split: plan.styles_for(split)[0] for split in ("train", "test")}
-    print(f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
-          + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else ""))
+    print(
+        f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
+        + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,8 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --no-system-fonts needs --fonts DIR: there would be no font to draw with")
     held_out = tuple(family.strip() for family in args.held_out_fonts.split(",") if family.strip())
     try:
-        plan, skipped_words = build_plan(alphabet, args.max_length, words_file, args.fonts, held_out, args.backgrounds,
-                                         args.system_fonts)
+        plan, skipped_words = build_plan(
+            alphabet, args.max_length, words_file, args.fonts, held_out, args.backgrounds, args.system_fonts
+        )
     except FileNotFoundError as error:
         option = "--backgrounds" if "background" in str(error) else "--fonts"
         sys.exit(f"error: {option}: {error}")
@@ -174,8 +203,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --words: {words_file} is not UTF-8 text ({error})")
     report_plan(plan, alphabet, skipped_words, words_file)
     if not plan.fonts.alphabet.strip():
-        sys.exit("error: no font can draw any character of the alphabet; install fonts that have them"
-                 " (fonts-noto-cjk for Chinese, Japanese and Korean) or pass --fonts DIR")
+        sys.exit(
+            "error: no font can draw any character of the alphabet; install fonts that have them"
+            " (fonts-noto-cjk for Chinese, Japanese and Korean) or pass --fonts DIR"
+        )
     if words_file is not None and not plan.text.words:
         sys.exit(f"error: --words: no word of {words_file} can be drawn with this alphabet and these fonts")
     # The pool forks after the plan is computed: the workers inherit it.

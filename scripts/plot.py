@@ -9,6 +9,7 @@ metrics.jsonl that are neither a training record (`step` and `loss`) nor a valid
 `val` and `accuracy`) are ignored, as are lines cut short by a crash. Matplotlib draws the PNG off
 screen (its Agg renderer, through `Figure`, not pyplot), so no display is needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,7 @@ from utils.jsonl import read_jsonl
 COLUMNS, ROWS = 2, 3
 FIGURE_SIZE, DPI = (15.7, 10.8), 100  # inches: a 1570 x 1080 PNG
 # Colour-blind-safe (Okabe-Ito), then a few more for runs with many validation sets.
-COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
-          "#8C564B", "#7F7F7F")
+COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442", "#8C564B", "#7F7F7F")
 GRID, AXIS = "#DDDDDD", "#444444"
 LOG_SCALE_RATIO = 30  # a positive series spanning more than this factor is drawn on a log axis
 DOTS_BELOW = 40  # a series with fewer points gets a dot on each one, a longer one only on its last
@@ -64,8 +64,10 @@ def load_records(path: Path) -> Records:
     # A resumed run re-logs the steps after its checkpoint (train.py drops the dead run's lines, but a
     # copied log may still hold both): the last record of a step wins.
     records.train = sorted({record["step"]: record for record in records.train}.values(), key=lambda r: r["step"])
-    records.val = {name: sorted({r["step"]: r for r in rows}.values(), key=lambda r: r["step"])
-                   for name, rows in records.val.items()}
+    records.val = {
+        name: sorted({r["step"]: r for r in rows}.values(), key=lambda r: r["step"])
+        for name, rows in records.val.items()
+    }
     return records
 
 
@@ -103,8 +105,15 @@ def format_value(value: Any) -> str:
     return f"{value:.3g}"
 
 
-def chart(axes: Axes, title: str, lines: list[Series], last_step: float,
-          y_range: tuple[float | None, float | None] = (None, None), percent: bool = False, legend: str = "") -> None:
+def chart(
+    axes: Axes,
+    title: str,
+    lines: list[Series],
+    last_step: float,
+    y_range: tuple[float | None, float | None] = (None, None),
+    percent: bool = False,
+    legend: str = "",
+) -> None:
     """One panel: a line per series against the step. `y_range`: fixed ends (None: from the data);
     `percent`: values are percentages; `legend`: a matplotlib corner such as "upper left", or "" for none."""
     values = [value for line in lines for value in line.values]
@@ -117,9 +126,18 @@ def chart(axes: Axes, title: str, lines: list[Series], last_step: float,
     for line in lines:
         # Unclipped, or the dot on the last point, on the right edge, would be cut in half; out of the
         # layout, where an empty series would count as a point at the figure's corner.
-        axes.plot(line.steps, line.values, color=line.color, label=line.name, linewidth=1.5, marker="o",
-                  markersize=4.5, markevery=None if len(line.steps) < DOTS_BELOW else [len(line.steps) - 1],
-                  clip_on=False, in_layout=False)
+        axes.plot(
+            line.steps,
+            line.values,
+            color=line.color,
+            label=line.name,
+            linewidth=1.5,
+            marker="o",
+            markersize=4.5,
+            markevery=None if len(line.steps) < DOTS_BELOW else [len(line.steps) - 1],
+            clip_on=False,
+            in_layout=False,
+        )
     if log:
         axes.set_yscale("log")
         # Whole decades: matplotlib's margins alone can leave a single labelled tick on a short log axis.
@@ -144,9 +162,11 @@ def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
     lines = [f"run: {run}"]
     if records.train:
         last = records.train[-1]
-        lines.append(f"last step {last['step']}: loss {format_value(last['loss'])}, lr {format_value(last.get('lr', 0))},"
-                     f" {format_value(round(last['images_per_s']) if is_number(last.get('images_per_s')) else None)}"
-                     f" images/s")
+        lines.append(
+            f"last step {last['step']}: loss {format_value(last['loss'])}, lr {format_value(last.get('lr', 0))},"
+            f" {format_value(round(last['images_per_s']) if is_number(last.get('images_per_s')) else None)}"
+            f" images/s"
+        )
         for key in ("infinite_losses", "undecodable_images", "skipped_steps"):
             total = sum(record.get(key, 0) for record in records.train if is_number(record.get(key)))
             lines.append(f"{key.replace('_', ' ')}: {total}")
@@ -156,8 +176,10 @@ def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
             continue
         best, last = max(scored, key=lambda record: record["accuracy"]), scored[-1]
         cer = f", CER {100 * last['cer']:.2f} %" if is_number(last.get("cer")) else ""
-        lines.append(f"{names[root]}: accuracy {100 * last['accuracy']:.2f} % at step {last['step']}"
-                     f" (best {100 * best['accuracy']:.2f} % at {best['step']}){cer}")
+        lines.append(
+            f"{names[root]}: accuracy {100 * last['accuracy']:.2f} % at step {last['step']}"
+            f" (best {100 * best['accuracy']:.2f} % at {best['step']}){cer}"
+        )
     if records.ignored:
         lines.append(f"unreadable lines (not JSON) ignored: {records.ignored}")
     return lines
@@ -173,16 +195,35 @@ def draw_curves(records: Records, run: Path) -> Figure:
     chart(lr, "learning rate", [series("lr", records.train, "lr")], last_step)
     chart(speed, "training images/s", [series("images/s", records.train, "images_per_s")], last_step)
     # Each legend goes in the corner the curves leave empty: top left for accuracy, top right for errors.
-    chart(accuracy, "validation word accuracy",
-          [series(names[root], rows, "accuracy", 100, colors[root]) for root, rows in records.val.items()],
-          last_step, y_range=(0, 100), percent=True, legend="upper left")
-    chart(cer, "validation character error rate",
-          [series(names[root], rows, "cer", 100, colors[root]) for root, rows in records.val.items()],
-          last_step, y_range=(0, None), percent=True, legend="upper right")
+    chart(
+        accuracy,
+        "validation word accuracy",
+        [series(names[root], rows, "accuracy", 100, colors[root]) for root, rows in records.val.items()],
+        last_step,
+        y_range=(0, 100),
+        percent=True,
+        legend="upper left",
+    )
+    chart(
+        cer,
+        "validation character error rate",
+        [series(names[root], rows, "cer", 100, colors[root]) for root, rows in records.val.items()],
+        last_step,
+        y_range=(0, None),
+        percent=True,
+        legend="upper right",
+    )
     summary_panel.set_title("summary", loc="left")
     summary_panel.set_axis_off()
-    summary_panel.text(0, 1, "\n".join(summary(records, names, run)), va="top", linespacing=1.7,
-                       parse_math=False, transform=summary_panel.transAxes)  # a path, as in the legends
+    summary_panel.text(
+        0,
+        1,
+        "\n".join(summary(records, names, run)),
+        va="top",
+        linespacing=1.7,
+        parse_math=False,
+        transform=summary_panel.transAxes,
+    )  # a path, as in the legends
     return figure
 
 
@@ -197,8 +238,10 @@ def main(argv: list[str] | None = None) -> None:
     if metrics.is_dir():
         sys.exit(f"error: {metrics} is a folder, not the run's log; is {args.run} a run folder?")
     if not metrics.is_file():
-        sys.exit(f"error: {metrics} does not exist: the run has not logged yet (it writes a line every"
-                 " train.log_every steps), or this is not a run folder")
+        sys.exit(
+            f"error: {metrics} does not exist: the run has not logged yet (it writes a line every"
+            " train.log_every steps), or this is not a run folder"
+        )
     records = load_records(metrics)
     if not records.train and not records.val:
         sys.exit(f"error: {metrics} holds no training or validation record yet")
@@ -207,8 +250,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --out {out} has no extension to choose the format by, e.g. {out}.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     draw_curves(records, args.run).savefig(out)
-    print(f"wrote {out}: {len(records.train)} training records, "
-          f"{sum(map(len, records.val.values()))} validation records over {len(records.val)} sets")
+    print(
+        f"wrote {out}: {len(records.train)} training records, "
+        f"{sum(map(len, records.val.values()))} validation records over {len(records.val)} sets"
+    )
 
 
 if __name__ == "__main__":

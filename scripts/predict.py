@@ -18,6 +18,7 @@ A crop more than 1.5 model input widths long at the model's height (wider than 6
 a short line) is read in overlapping pieces whose output frames are stitched (evaluation/long_crops.py), and
 stderr says how many were; `--no-split` reads them squashed into the model's input, as eval.sh does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,18 +45,32 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
     parser.add_argument("inputs", nargs="+", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
-    parser.add_argument("--device", default="auto",
-                        help="auto (CUDA if available), cpu, cuda:N, or another accelerator this machine has (mps)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA if available), cpu, cuda:N, or another accelerator this machine has (mps)",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
-    parser.add_argument("--config", action=ConfigFileOption,
-                        help="model and alphabet for a bare state dict (YAML, or a name in configs/)")
-    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
-                        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)")
+    parser.add_argument(
+        "--config",
+        action=ConfigFileOption,
+        help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)",
+    )
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
     parser.add_argument("--beam-size", type=int, default=10, help="--decoder beam's beam (default 10)")
-    parser.add_argument("--no-split", dest="split", action="store_false",
-                        help="read crops over 1.5 input widths long squashed into the input, not in pieces")
+    parser.add_argument(
+        "--no-split",
+        dest="split",
+        action="store_false",
+        help="read crops over 1.5 input widths long squashed into the input, not in pieces",
+    )
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -71,11 +86,14 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name}: expected auto, cpu or a device here ({', '.join(devices_here())})"
-                         ) from None
+        raise ValueError(
+            f"--device {name}: expected auto, cpu or a device here ({', '.join(devices_here())})"
+        ) from None
     if device.type != "cpu" and f"{device.type}:{device.index or 0}" not in devices_here():
-        raise ValueError(f"--device {name}: not available on this machine; the devices here are "
-                         f"{', '.join(devices_here())} (or --device auto)")
+        raise ValueError(
+            f"--device {name}: not available on this machine; the devices here are "
+            f"{', '.join(devices_here())} (or --device auto)"
+        )
     return device
 
 
@@ -100,23 +118,39 @@ def read_image(path: str, transform: ImageTransform | LongCropTransform) -> Tens
 
 
 @torch.inference_mode()
-def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size: int, config: Config | None = None,
-            decoder: str = "greedy", lexicon: Path | None = None, beam_size: int = 10, precision: str = "auto",
-            split: bool = True) -> int:
+def predict(
+    paths: list[str],
+    checkpoint: str,
+    device: torch.device,
+    batch_size: int,
+    config: Config | None = None,
+    decoder: str = "greedy",
+    lexicon: Path | None = None,
+    beam_size: int = 10,
+    precision: str = "auto",
+    split: bool = True,
+) -> int:
     """Print one line per decodable image of `paths`, long crops read in pieces if `split`; return how many
     could not be decoded."""
     model, codec, config, preprocessing = load_model(checkpoint, device, config)
     decode: Decoder = build_decoder(decoder, codec, lexicon, beam_size)
     # The choice is named on stderr: stdout holds only the readings.
-    precision = choose_precision(precision, device, model, inference_shape(preprocessing, batch_size), False,
-                                 log=lambda line: print(line, file=sys.stderr), option="--precision")
+    precision = choose_precision(
+        precision,
+        device,
+        model,
+        inference_shape(preprocessing, batch_size),
+        False,
+        log=lambda line: print(line, file=sys.stderr),
+        option="--precision",
+    )
     transform = build_transform(config, preprocessing)
     long_crops = LongCropTransform(transform)
     inputs = long_crops if split else transform
     reader = PiecewiseModel(model, preprocessing) if split else model  # the model itself for inputs up to its width
     undecodable = in_pieces = 0
     for start in range(0, len(paths), batch_size):
-        decoded = [(path, read_image(path, inputs)) for path in paths[start:start + batch_size]]
+        decoded = [(path, read_image(path, inputs)) for path in paths[start : start + batch_size]]
         readable = [(path, image) for path, image in decoded if image is not None]
         undecodable += len(decoded) - len(readable)
         if not readable:
@@ -128,8 +162,11 @@ def predict(paths: list[str], checkpoint: str, device: torch.device, batch_size:
             print(f"{path}\t{reading.text}\t{reading.confidence:.4f}\t{char_probs}")
         sys.stdout.flush()  # lines appear batch by batch when piped
     if in_pieces:
-        print(f"{in_pieces} of {len(paths)} images were wider than {long_crops.split_ratio:.3g}:1 and were read in "
-              f"overlapping pieces; --no-split reads them squashed", file=sys.stderr)
+        print(
+            f"{in_pieces} of {len(paths)} images were wider than {long_crops.split_ratio:.3g}:1 and were read in "
+            f"overlapping pieces; --no-split reads them squashed",
+            file=sys.stderr,
+        )
     return undecodable
 
 
@@ -138,8 +175,18 @@ def main() -> int:
     paths = image_paths(args.inputs)
     device = resolve_device(args.device)
     config = load_config(args.config, []) if args.config else None
-    undecodable = predict(paths, args.checkpoint, device, args.batch_size, config, args.decoder, args.lexicon,
-                          args.beam_size, args.precision, args.split)
+    undecodable = predict(
+        paths,
+        args.checkpoint,
+        device,
+        args.batch_size,
+        config,
+        args.decoder,
+        args.lexicon,
+        args.beam_size,
+        args.precision,
+        args.split,
+    )
     if undecodable:
         print(f"{undecodable} of {len(paths)} images could not be decoded and were skipped", file=sys.stderr)
     return 1 if undecodable else 0

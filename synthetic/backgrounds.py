@@ -3,6 +3,7 @@
 Every style paints an RGB float array of a given size in a light or a dark tone (the text then takes
 the other). The styles in HELD_OUT_STYLES are painted for the test split only.
 """
+
 from __future__ import annotations
 
 import random
@@ -41,8 +42,15 @@ def smooth_noise(noise: np.random.Generator, width: int, height: int, cells: int
     return np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC))
 
 
-def paint(style: str, rng: random.Random, noise: np.random.Generator, width: int, height: int, light: bool,
-          photo: str | None = None) -> np.ndarray:
+def paint(
+    style: str,
+    rng: random.Random,
+    noise: np.random.Generator,
+    width: int,
+    height: int,
+    light: bool,
+    photo: str | None = None,
+) -> np.ndarray:
     """An RGB background `[height, width, 3]`, float32 in 0..255; style PHOTO crops the file `photo`."""
     base = base_color(rng, light)  # drawn for PHOTO too, unused there: without it, a seed's photo samples would change
     if style == PHOTO:
@@ -56,13 +64,15 @@ def paint(style: str, rng: random.Random, noise: np.random.Generator, width: int
     return np.clip(canvas, 0, 255)
 
 
-def paint_flat(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-               noise: np.random.Generator) -> None:
+def paint_flat(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """The base colour alone."""
 
 
-def paint_gradient(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-                   noise: np.random.Generator) -> None:
+def paint_gradient(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """A ramp at a random angle from the base colour to another of the same tone."""
     height, width = canvas.shape[:2]
     other = base_color(rng, light)
@@ -72,23 +82,26 @@ def paint_gradient(canvas: np.ndarray, base: np.ndarray, light: bool, rng: rando
     canvas += ramp[..., None] * (other - base)
 
 
-def paint_noise(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-                noise: np.random.Generator) -> None:
+def paint_noise(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """Gaussian noise, gray most of the time, else coloured."""
     height, width = canvas.shape[:2]
     canvas += noise.normal(0, rng.uniform(8, 30), (height, width, 1 if rng.random() < 0.7 else 3))
 
 
-def paint_blotches(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-                   noise: np.random.Generator) -> None:
+def paint_blotches(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """Soft stains, darker on a light background and lighter on a dark one."""
     height, width = canvas.shape[:2]
     amplitude = rng.uniform(15, 45)
     canvas += smooth_noise(noise, width, height, rng.randint(2, 8))[..., None] * amplitude * (1 if light else -1)
 
 
-def paint_stripes(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-                  noise: np.random.Generator) -> None:
+def paint_stripes(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """A sine wave at a random angle and period."""
     height, width = canvas.shape[:2]
     angle, period = rng.uniform(0, np.pi), rng.uniform(3, 24)
@@ -97,8 +110,9 @@ def paint_stripes(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random
     canvas += wave[..., None] * rng.uniform(8, 35)
 
 
-def paint_paper(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-                noise: np.random.Generator) -> None:
+def paint_paper(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """Light, warm and fibrous, whatever the tone asked for: the held-out look of print on paper."""
     height, width = canvas.shape[:2]
     canvas[:] = np.array([rng.uniform(215, 250), rng.uniform(205, 240), rng.uniform(180, 225)], dtype=np.float32)
@@ -113,19 +127,21 @@ def paint_paper(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.R
         canvas[ys, xs] -= rng.uniform(10, 30)
 
 
-def paint_grid(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-               noise: np.random.Generator) -> None:
+def paint_grid(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """Ruled or squared paper."""
     line = base_color(rng, not light) * 0.4 + base * 0.6
     period = rng.randint(6, 18)
     offset = rng.randint(0, period - 1)
     canvas[offset::period, :] = line
     if rng.random() < 0.5:
-        canvas[:, rng.randint(0, period - 1)::period] = line
+        canvas[:, rng.randint(0, period - 1) :: period] = line
 
 
-def paint_dots(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random,
-               noise: np.random.Generator) -> None:
+def paint_dots(
+    canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Random, noise: np.random.Generator
+) -> None:
     """A halftone screen."""
     height, width = canvas.shape[:2]
     period, radius = rng.uniform(2.5, 6), rng.uniform(0.25, 0.45)
@@ -137,9 +153,16 @@ def paint_dots(canvas: np.ndarray, base: np.ndarray, light: bool, rng: random.Ra
 # A procedural style paints over `canvas` ([height, width, 3] float32, filled with the base colour) in place;
 # paint() clips the result to 0..255.
 Painter = Callable[[np.ndarray, np.ndarray, bool, random.Random, np.random.Generator], None]
-PAINTERS: dict[str, Painter] = {"flat": paint_flat, "gradient": paint_gradient, "noise": paint_noise,
-                                "blotches": paint_blotches, "stripes": paint_stripes, "paper": paint_paper,
-                                "grid": paint_grid, "dots": paint_dots}
+PAINTERS: dict[str, Painter] = {
+    "flat": paint_flat,
+    "gradient": paint_gradient,
+    "noise": paint_noise,
+    "blotches": paint_blotches,
+    "stripes": paint_stripes,
+    "paper": paint_paper,
+    "grid": paint_grid,
+    "dots": paint_dots,
+}
 
 
 @lru_cache(maxsize=64)
@@ -156,8 +179,9 @@ def check_photo(path: str, read: Callable[[Image.Image], T]) -> T:
         with Image.open(path) as image:
             return read(image)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise ValueError(f"background photo {path} cannot be read ({error}); remove it from the --backgrounds"
-                         f" folder") from None
+        raise ValueError(
+            f"background photo {path} cannot be read ({error}); remove it from the --backgrounds" f" folder"
+        ) from None
 
 
 def photo_crop(path: str, rng: random.Random, width: int, height: int) -> np.ndarray:

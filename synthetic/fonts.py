@@ -7,6 +7,7 @@ under the `fontpkg.family` entry point (PyPI's `fontpkg-*` Google Fonts families
 requirements-fonts.txt), and `--fonts DIR`. A font is used for a text only if it has a glyph for
 every character of it.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ FONT_SUFFIXES = (".ttf", ".otf", ".ttc")
 FONT_PACKAGE_GROUP = "fontpkg.family"
 # Symbol coverage only / strokes too thin to read at 32 px.
 EXCLUDED_NAMES = ("Math", "ExtraLight", "Thin", "Hairline")
-NOT_A_CHARACTER = "\U0010FFFF"  # no font maps it: drawing it shows the font's "missing glyph" box
+NOT_A_CHARACTER = "\U0010ffff"  # no font maps it: drawing it shows the font's "missing glyph" box
 # Held out of train and val, rendered only in test, when present: one each of the kinds of typeface
 # train has (sans, serif, monospace, condensed, slab), and DejaVu Serif, so a machine with DejaVu
 # alone still has an unseen family to test on.
@@ -47,8 +48,7 @@ def system_fonts() -> list[Font]:
     """Every font file `fc-list` knows, with its first family name; without fontconfig, the fonts in
     the usual folders."""
     try:
-        listing = subprocess.run(["fc-list", ":", "file", "family"], capture_output=True, text=True,
-                                 check=True).stdout
+        listing = subprocess.run(["fc-list", ":", "file", "family"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return [font for folder in SYSTEM_FONT_FOLDERS if folder.is_dir() for font in folder_fonts(folder)]
     fonts = []
@@ -118,16 +118,20 @@ def covered_characters(path: str | None, alphabet: str) -> str:
     character drawn exactly like one no font has is missing. For a font whose missing glyph is blank,
     a character must also leave ink, or be whitespace. Raises OSError for a file that is not a font.
     """
-    font = ImageFont.load_default(size=24) if path is None else ImageFont.truetype(
-        path, 24, layout_engine=ImageFont.Layout.BASIC)  # BASIC: one glyph per character, no shaping
+    font = (
+        ImageFont.load_default(size=24)
+        if path is None
+        else ImageFont.truetype(path, 24, layout_engine=ImageFont.Layout.BASIC)
+    )  # BASIC: one glyph per character, no shaping
 
     def rendering(char: str) -> tuple[tuple[int, int], bytes]:
         mask = font.getmask(char)
         return mask.size, bytes(mask)
 
     missing = rendering(NOT_A_CHARACTER)
-    return "".join(char for char in alphabet
-                   if (drawn := rendering(char)) != missing and (char.isspace() or any(drawn[1])))
+    return "".join(
+        char for char in alphabet if (drawn := rendering(char)) != missing and (char.isspace() or any(drawn[1]))
+    )
 
 
 def drawable_form(char: str) -> str:
@@ -163,8 +167,9 @@ class FontPlan:
 
 
 @lru_cache(maxsize=None)
-def plan_fonts(fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[str, ...],
-               draw_capitals: bool) -> FontPlan:
+def plan_fonts(
+    fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[str, ...], draw_capitals: bool
+) -> FontPlan:
     """Check every font's glyphs against `alphabet` (about 50 us per character and font) and split the
     families. With `draw_capitals`, a lowercase letter counts as covered only if its capital is too.
 
@@ -173,13 +178,20 @@ def plan_fonts(fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[
     usable, unusable = [], []
     for font in fonts:
         try:
-            covered = set(covered_characters(font.path, "".join(dict.fromkeys(
-                "".join(drawable_form(char) if draw_capitals else char for char in alphabet)))))
+            covered = set(
+                covered_characters(
+                    font.path,
+                    "".join(
+                        dict.fromkeys("".join(drawable_form(char) if draw_capitals else char for char in alphabet))
+                    ),
+                )
+            )
         except OSError as error:
             unusable.append((font.path, f"cannot be read: {error}"))
             continue
-        characters = "".join(char for char in alphabet
-                             if set(drawable_form(char) if draw_capitals else char) <= covered)
+        characters = "".join(
+            char for char in alphabet if set(drawable_form(char) if draw_capitals else char) <= covered
+        )
         marks = covered_characters(font.path, unlabelled_marks(alphabet))
         if characters.strip():
             usable.append(FontCoverage(font, characters, frozenset(characters), marks))
@@ -192,8 +204,13 @@ def plan_fonts(fonts: tuple[Font, ...], alphabet: str, held_out_families: tuple[
     train = tuple(coverage for coverage in usable if coverage.font.family not in held)
     held_out = tuple(coverage for coverage in usable if coverage.font.family in held)
     drawable = set().union(*(coverage.character_set for coverage in train))
-    return FontPlan(train=train, held_out=held_out, alphabet="".join(char for char in alphabet if char in drawable),
-                    missing="".join(char for char in alphabet if char not in drawable), unusable=tuple(unusable))
+    return FontPlan(
+        train=train,
+        held_out=held_out,
+        alphabet="".join(char for char in alphabet if char in drawable),
+        missing="".join(char for char in alphabet if char not in drawable),
+        unusable=tuple(unusable),
+    )
 
 
 def needs_cjk_font(alphabet: str) -> bool:

@@ -4,6 +4,7 @@ degradations of a photographed or scanned line of print, encoded as a 32-pixel-h
 Every sample draws from its own generators, seeded from (seed, split, index), so a seed gives the
 same bytes whatever the number of worker processes.
 """
+
 from __future__ import annotations
 
 import io
@@ -109,11 +110,24 @@ def layout(text: str, font: ImageFont.FreeTypeFont, rng: random.Random, size: in
     return pieces
 
 
-def draw_pieces(draw: ImageDraw.ImageDraw, pieces: list[tuple[str, float, float]], origin: tuple[float, float],
-                font: ImageFont.FreeTypeFont, fill: int, stroke: int = 0) -> None:
+def draw_pieces(
+    draw: ImageDraw.ImageDraw,
+    pieces: list[tuple[str, float, float]],
+    origin: tuple[float, float],
+    font: ImageFont.FreeTypeFont,
+    fill: int,
+    stroke: int = 0,
+) -> None:
     for piece, x, y in pieces:
-        draw.text((origin[0] + x, origin[1] + y), piece, font=font, fill=fill, anchor="ls", stroke_width=stroke,
-                  stroke_fill=fill)
+        draw.text(
+            (origin[0] + x, origin[1] + y),
+            piece,
+            font=font,
+            fill=fill,
+            anchor="ls",
+            stroke_width=stroke,
+            stroke_fill=fill,
+        )
 
 
 def text_color(rng: random.Random, background: float, light_text: bool) -> np.ndarray:
@@ -134,8 +148,9 @@ def steep_tilt(rng: random.Random, text: str) -> float:
     return rng.choice((-1, 1)) * rng.uniform(*TILT_DEGREES)
 
 
-def geometry(rng: random.Random, width: int, height: int,
-             tilt: float) -> tuple[Image.Transform, tuple[float, ...]] | None:
+def geometry(
+    rng: random.Random, width: int, height: int, tilt: float
+) -> tuple[Image.Transform, tuple[float, ...]] | None:
     """A rotation with shear (by `tilt` degrees where it is not 0), or a perspective, as Image.transform's
     inverse coefficients; None for none."""
     choice = rng.random()
@@ -151,10 +166,13 @@ def geometry(rng: random.Random, width: int, height: int,
         d, e = -sin, cos
         return Image.Transform.AFFINE, (a, b, cx - a * cx - b * cy, d, e, cy - d * cx - e * cy)
     jitter = (0.12 if rng.random() < 0.7 else 0.25) * min(width, 3 * height)  # now and then a steep view
-    source = [(rng.uniform(-1, 1) * jitter + x, rng.uniform(-1, 1) * jitter * 0.4 + y)
-              for x, y in ((0, 0), (width, 0), (width, height), (0, height))]
-    return Image.Transform.PERSPECTIVE, perspective_coefficients([(0, 0), (width, 0), (width, height), (0, height)],
-                                                                 source)
+    source = [
+        (rng.uniform(-1, 1) * jitter + x, rng.uniform(-1, 1) * jitter * 0.4 + y)
+        for x, y in ((0, 0), (width, 0), (width, height), (0, height))
+    ]
+    return Image.Transform.PERSPECTIVE, perspective_coefficients(
+        [(0, 0), (width, 0), (width, height), (0, height)], source
+    )
 
 
 def perspective_coefficients(output: list[tuple[float, float]], source: list[tuple[float, float]]) -> tuple[float, ...]:
@@ -167,8 +185,9 @@ def perspective_coefficients(output: list[tuple[float, float]], source: list[tup
     return tuple(np.linalg.solve(np.array(rows, dtype=np.float64), np.array(values, dtype=np.float64)))
 
 
-def crop_box(rng: random.Random, box: tuple[int, int, int, int], size: int, width: int, height: int,
-             neighbours: bool) -> tuple[int, int, int, int]:
+def crop_box(
+    rng: random.Random, box: tuple[int, int, int, int], size: int, width: int, height: int, neighbours: bool
+) -> tuple[int, int, int, int]:
     """The crop around the text's ink `box`: tight (the ink's edge may be shaved), usual, or loose. With
     `neighbours` on the line, the sides stay within half an em, so a neighbour shows in part only."""
     left, top, right, bottom = box
@@ -176,15 +195,27 @@ def crop_box(rng: random.Random, box: tuple[int, int, int, int], size: int, widt
     if style < 0.2:  # tight
         margins = [rng.uniform(-0.04, 0.08) * size for _ in range(4)]
     elif style < 0.85:
-        margins = [rng.uniform(0.05, 0.35) * size, rng.uniform(0.05, 0.25) * size,
-                   rng.uniform(0.05, 0.35) * size, rng.uniform(0.05, 0.25) * size]
+        margins = [
+            rng.uniform(0.05, 0.35) * size,
+            rng.uniform(0.05, 0.25) * size,
+            rng.uniform(0.05, 0.35) * size,
+            rng.uniform(0.05, 0.25) * size,
+        ]
     else:  # loose
-        margins = [rng.uniform(0.3, 0.9) * size, rng.uniform(0.2, 0.5) * size,
-                   rng.uniform(0.3, 0.9) * size, rng.uniform(0.2, 0.5) * size]
+        margins = [
+            rng.uniform(0.3, 0.9) * size,
+            rng.uniform(0.2, 0.5) * size,
+            rng.uniform(0.3, 0.9) * size,
+            rng.uniform(0.2, 0.5) * size,
+        ]
     if neighbours:
         margins[0], margins[2] = min(margins[0], 0.5 * size), min(margins[2], 0.5 * size)
-    return (max(0, round(left - margins[0])), max(0, round(top - margins[1])),
-            min(width, round(right + margins[2])), min(height, round(bottom + margins[3])))
+    return (
+        max(0, round(left - margins[0])),
+        max(0, round(top - margins[1])),
+        min(width, round(right + margins[2])),
+        min(height, round(bottom + margins[3])),
+    )
 
 
 def degrade(image: Image.Image, rng: random.Random, noise: np.random.Generator, effects: list[str]) -> Image.Image:
@@ -203,8 +234,9 @@ def degrade(image: Image.Image, rng: random.Random, noise: np.random.Generator, 
     if rng.random() < 0.2:  # low resolution, scaled back up
         effects.append("low resolution")
         small_height = rng.randint(10, 20)
-        small = image.resize((max(4, round(image.width * small_height / image.height)), small_height),
-                             Image.Resampling.BILINEAR)
+        small = image.resize(
+            (max(4, round(image.width * small_height / image.height)), small_height), Image.Resampling.BILINEAR
+        )
         image = small.resize(image.size, Image.Resampling.BILINEAR)
     if rng.random() < 0.5:
         effects.append("noise")
@@ -316,22 +348,22 @@ def frame_text(rng: random.Random, lettering: Lettering) -> Frame:
     return Frame(width, height, margin, margin_y, (margin, margin_y + ascent), tilt)
 
 
-def paint_ground(plan: RenderPlan, rng: random.Random, noise: np.random.Generator, split: str,
-                 frame: Frame) -> Ground:
+def paint_ground(plan: RenderPlan, rng: random.Random, noise: np.random.Generator, split: str, frame: Frame) -> Ground:
     """A background of one of `split`'s styles, and a text colour that contrasts with it where the text is."""
     styles, photos = plan.styles_for(split)
     style = rng.choice(styles)
     light = rng.random() < 0.7
     photo = rng.choice(photos) if style == PHOTO else None
     pixels = paint(style, rng, noise, frame.width, frame.height, light, photo)
-    behind_text = pixels[frame.margin_y:frame.height - frame.margin_y, frame.margin:frame.width - frame.margin]
+    behind_text = pixels[frame.margin_y : frame.height - frame.margin_y, frame.margin : frame.width - frame.margin]
     background_luminance = float(luminance(behind_text.mean((0, 1))))
     light_text = background_luminance < 128
     return Ground(style, photo, pixels, light, light_text, text_color(rng, background_luminance, light_text))
 
 
-def draw_ink(plan: RenderPlan, rng: random.Random, lettering: Lettering, frame: Frame,
-             effects: list[str]) -> tuple[Image.Image, Image.Image, bool]:
+def draw_ink(
+    plan: RenderPlan, rng: random.Random, lettering: Lettering, frame: Frame, effects: list[str]
+) -> tuple[Image.Image, Image.Image, bool]:
     """The ink: everything drawn in the text's colour (the text; now and then words beside it, or a line
     above or below), as an "L" image; the mask the crop is fitted to; and whether there are neighbours."""
     font, origin = lettering.font, frame.origin
@@ -348,18 +380,25 @@ def draw_ink(plan: RenderPlan, rng: random.Random, lettering: Lettering, frame: 
         gap = font.getlength(" ") * rng.uniform(1.0, 2.5)
         draw = ImageDraw.Draw(ink)
         draw.text((origin[0] - gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255, anchor="rs")
-        draw.text((origin[0] + lettering.width + gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255,
-                  anchor="ls")
+        draw.text(
+            (origin[0] + lettering.width + gap, origin[1]), neighbour_text(plan, rng), font=font, fill=255, anchor="ls"
+        )
     if rng.random() < 0.12:  # a line above or below, of which the crop keeps an edge
         effects.append("line above or below")
         line_offset = sum(font.getmetrics()) * rng.uniform(0.95, 1.3) * rng.choice((-1, 1))
-        ImageDraw.Draw(ink).text((origin[0] + rng.uniform(-lettering.size, lettering.size), origin[1] + line_offset),
-                                 plan.text.sample(rng) + " " + plan.text.sample(rng), font=font, fill=255, anchor="ls")
+        ImageDraw.Draw(ink).text(
+            (origin[0] + rng.uniform(-lettering.size, lettering.size), origin[1] + line_offset),
+            plan.text.sample(rng) + " " + plan.text.sample(rng),
+            font=font,
+            fill=255,
+            anchor="ls",
+        )
     return ink, mask, neighbours
 
 
-def paint_ink(rng: random.Random, ink: Image.Image, lettering: Lettering, frame: Frame, ground: Ground,
-              effects: list[str]) -> Image.Image:
+def paint_ink(
+    rng: random.Random, ink: Image.Image, lettering: Lettering, frame: Frame, ground: Ground, effects: list[str]
+) -> Image.Image:
     """The background with the ink in the text's colour, now and then over a shadow or inside an outline."""
     canvas = Image.fromarray(ground.pixels.astype(np.uint8))
     if rng.random() < 0.1:  # shadow
@@ -371,8 +410,9 @@ def paint_ink(rng: random.Random, ink: Image.Image, lettering: Lettering, frame:
     if rng.random() < 0.08:  # outlined letters: a stroke of another colour around the ink
         effects.append("outline")
         outline = Image.new("L", (frame.width, frame.height), 0)
-        draw_pieces(ImageDraw.Draw(outline), lettering.pieces, frame.origin, lettering.font, 255,
-                    stroke=rng.randint(1, 2))
+        draw_pieces(
+            ImageDraw.Draw(outline), lettering.pieces, frame.origin, lettering.font, 255, stroke=rng.randint(1, 2)
+        )
         color = ground.text_color
         outline_color = text_color(rng, float(luminance(color)), light_text=luminance(color) < 128)
         canvas.paste(tuple(int(c) for c in outline_color), mask=outline)
@@ -380,8 +420,15 @@ def paint_ink(rng: random.Random, ink: Image.Image, lettering: Lettering, frame:
     return canvas
 
 
-def transform_and_crop(rng: random.Random, canvas: Image.Image, mask: Image.Image, frame: Frame, size: int,
-                       neighbours: bool, effects: list[str]) -> Image.Image:
+def transform_and_crop(
+    rng: random.Random,
+    canvas: Image.Image,
+    mask: Image.Image,
+    frame: Frame,
+    size: int,
+    neighbours: bool,
+    effects: list[str],
+) -> Image.Image:
     """`canvas` through geometry(), cropped around the text as `mask`, moved alike, shows it."""
     transform = geometry(rng, frame.width, frame.height, frame.tilt)
     if transform is not None:
@@ -389,8 +436,12 @@ def transform_and_crop(rng: random.Random, canvas: Image.Image, mask: Image.Imag
         kind, coefficients = transform
         canvas = canvas.transform(canvas.size, kind, coefficients, Image.Resampling.BILINEAR)
         mask = mask.transform(mask.size, kind, coefficients, Image.Resampling.BILINEAR)
-    box = (mask.point(lambda value: 255 if value > 64 else 0).getbbox()
-           or (frame.margin, frame.margin_y, frame.width - frame.margin, frame.height - frame.margin_y))
+    box = mask.point(lambda value: 255 if value > 64 else 0).getbbox() or (
+        frame.margin,
+        frame.margin_y,
+        frame.width - frame.margin,
+        frame.height - frame.margin_y,
+    )
     return canvas.crop(crop_box(rng, box, size, frame.width, frame.height, neighbours))
 
 
@@ -405,21 +456,32 @@ def encode_jpeg(rng: random.Random, image: Image.Image) -> tuple[bytes, int]:
 def sample_meta(lettering: Lettering, ground: Ground, effects: list[str], quality: int) -> dict:
     """What made a sample: the record stored beside it, which the held-out checks read."""
     font = lettering.coverage.font
-    return {"text": lettering.text, "font": font.family,
-            "file": font.path.rsplit("/", 1)[-1] if font.path else "built-in", "variation": lettering.variation,
-            "background": ground.style,
-            **({"photo": Path(ground.photo).name} if ground.photo else {}),
-            "polarity": "light on dark" if ground.light_text else "dark on light", "effects": effects,
-            "jpeg_quality": quality}
+    return {
+        "text": lettering.text,
+        "font": font.family,
+        "file": font.path.rsplit("/", 1)[-1] if font.path else "built-in",
+        "variation": lettering.variation,
+        "background": ground.style,
+        **({"photo": Path(ground.photo).name} if ground.photo else {}),
+        "polarity": "light on dark" if ground.light_text else "dark on light",
+        "effects": effects,
+        "jpeg_quality": quality,
+    }
 
 
 def encode_meta(meta: dict) -> bytes:
     return json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
 
-def build_plan(alphabet: str, max_length: int, words_file: Path | None = WORDS_FILE, fonts_folder: Path | None = None,
-               held_out_families: tuple[str, ...] = HELD_OUT_FAMILIES, backgrounds: Path | None = None,
-               system_fonts: bool = True) -> tuple[RenderPlan, int]:
+def build_plan(
+    alphabet: str,
+    max_length: int,
+    words_file: Path | None = WORDS_FILE,
+    fonts_folder: Path | None = None,
+    held_out_families: tuple[str, ...] = HELD_OUT_FAMILIES,
+    backgrounds: Path | None = None,
+    system_fonts: bool = True,
+) -> tuple[RenderPlan, int]:
     """The plan for `alphabet`, and how many words of `words_file` were skipped (characters outside the
     alphabet, or longer than `max_length`). `words_file=None` draws no words; `system_fonts=False` uses
     `fonts_folder`'s fonts alone."""
@@ -431,8 +493,12 @@ def build_plan(alphabet: str, max_length: int, words_file: Path | None = WORDS_F
     # Every fifth photo is held out for test, so test's photo backgrounds are unseen too.
     held_out_photos = tuple(photos[4::5]) if len(photos) >= 2 else ()
     train_photos = tuple(photo for photo in photos if photo not in held_out_photos)
-    return RenderPlan(font_plan, TextSampler(font_plan.alphabet, words, max_length, unlabelled_marks(alphabet)),
-                      train_photos, held_out_photos), skipped
+    return RenderPlan(
+        font_plan,
+        TextSampler(font_plan.alphabet, words, max_length, unlabelled_marks(alphabet)),
+        train_photos,
+        held_out_photos,
+    ), skipped
 
 
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")

@@ -4,6 +4,7 @@ in lower, Capitalised or UPPER case where the alphabet folds case.
 A case-folding alphabet (lowercase letters, no capitals: labels are lowercased before training)
 still gets capitals drawn, with the label folded; a case-sensitive alphabet gets what the label says.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,9 +38,11 @@ def check_left_to_right(alphabet: str) -> None:
     right_to_left = [char for char in alphabet if unicodedata.bidirectional(char) in ("R", "AL")]
     if right_to_left:
         first = right_to_left[0]
-        raise ValueError(f"it has {len(right_to_left)} right-to-left characters ({first!r}, U+{ord(first):04X}"
-                         f" {unicodedata.name(first, '?')}, ...), which the generator cannot draw in one visual"
-                         f" order: give a left-to-right alphabet")
+        raise ValueError(
+            f"it has {len(right_to_left)} right-to-left characters ({first!r}, U+{ord(first):04X}"
+            f" {unicodedata.name(first, '?')}, ...), which the generator cannot draw in one visual"
+            f" order: give a left-to-right alphabet"
+        )
 
 
 def unlabelled_marks(alphabet: str) -> str:
@@ -78,17 +81,26 @@ NUMBER_FORMS: dict[str, Callable[[random.Random], str]] = {
     "digit run": lambda rng: digits(rng, rng.choice((1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8))),
     "year": lambda rng: str(rng.randint(1900, 2035)),
     "amount": lambda rng: str(rng.choice((rng.randint(1, 99), rng.randint(100, 9999), rng.randint(10, 999) * 10))),
-    "code": lambda rng: rng.choice((letters(rng, 1) + digits(rng, rng.randint(1, 4)),
-                                     letters(rng, 2) + digits(rng, rng.randint(2, 4)),
-                                     digits(rng, rng.randint(1, 3)) + letters(rng, rng.randint(1, 2)),
-                                     letters(rng, 1) + digits(rng, 2) + letters(rng, 1) + digits(rng, 1))),
+    "code": lambda rng: rng.choice(
+        (
+            letters(rng, 1) + digits(rng, rng.randint(1, 4)),
+            letters(rng, 2) + digits(rng, rng.randint(2, 4)),
+            digits(rng, rng.randint(1, 3)) + letters(rng, rng.randint(1, 2)),
+            letters(rng, 1) + digits(rng, 2) + letters(rng, 1) + digits(rng, 1),
+        )
+    ),
     "price": lambda rng: f"{rng.randint(0, 999)}.{digits(rng, 2)}",
-    "price with currency": lambda rng: (rng.choice("$€£") + f"{rng.randint(1, 999)}"
-                                        + rng.choice(("", f".{digits(rng, 2)}"))),
+    "price with currency": lambda rng: (
+        rng.choice("$€£") + f"{rng.randint(1, 999)}" + rng.choice(("", f".{digits(rng, 2)}"))
+    ),
     "thousands": lambda rng: f"{rng.randint(1, 99)},{digits(rng, 3)}",
-    "date": lambda rng: rng.choice((f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/{rng.randint(1970, 2035)}",
-                                     f"{rng.randint(1970, 2035)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
-                                     f"{rng.randint(1, 28):02d}.{rng.randint(1, 12):02d}.{rng.randint(0, 99):02d}")),
+    "date": lambda rng: rng.choice(
+        (
+            f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/{rng.randint(1970, 2035)}",
+            f"{rng.randint(1970, 2035)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            f"{rng.randint(1, 28):02d}.{rng.randint(1, 12):02d}.{rng.randint(0, 99):02d}",
+        )
+    ),
     "time": lambda rng: f"{rng.randint(0, 23)}:{rng.randint(0, 59):02d}",
     "percentage": lambda rng: f"{rng.randint(1, 100)}%",
     "phone": lambda rng: f"{digits(rng, 3)}-{digits(rng, 4)}",
@@ -152,8 +164,7 @@ class TextSampler:
     def number_forms(self) -> list[str]:
         """The number forms this alphabet can write (a probe of each, with its characters)."""
         probe = random.Random(0)
-        return [name for name, form in NUMBER_FORMS.items()
-                if all(self.drawable(form(probe)) for _ in range(20))]
+        return [name for name, form in NUMBER_FORMS.items() if all(self.drawable(form(probe)) for _ in range(20))]
 
     def sample(self, rng: random.Random) -> str:
         """The text to draw (its label is `self.label(text)`)."""
@@ -198,8 +209,13 @@ class TextSampler:
         text = "".join(chars)
         if self.fold:  # a case drawn for the whole string, or one per character
             case = rng.random()
-            text = "".join(capital(char) for char in text) if case < 0.25 else text if case < 0.6 else "".join(
-                capital(char) if rng.random() < 0.5 else char for char in text)
+            text = (
+                "".join(capital(char) for char in text)
+                if case < 0.25
+                else text
+                if case < 0.6
+                else "".join(capital(char) if rng.random() < 0.5 else char for char in text)
+            )
         return text
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: small real LMDBs made by the project's own generator."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[
     """`count` JPEGs of the val set, written under `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for index, (image_bytes, _) in enumerate(read_lmdb(synth / "val")[start:start + count], start=start):
+    for index, (image_bytes, _) in enumerate(read_lmdb(synth / "val")[start : start + count], start=start):
         paths.append(folder / f"val{index:02d}.jpg")
         paths[-1].write_bytes(image_bytes)
     return paths
@@ -51,9 +52,25 @@ def index_cache_home(tmp_path_factory) -> Iterator[Path]:
 def synth(tmp_path_factory) -> Path:
     """A synthetic dataset: OUT/train (96 samples), OUT/val (33: odd, so shards differ in size), OUT/test (20)."""
     out = tmp_path_factory.mktemp("data") / "synth"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out),
-                    "--train", "96", "--val", "33", "--test", "20", "--workers", "1"], check=True, capture_output=True,
-                   env=run_env())
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_synthetic.py"),
+            "--out",
+            str(out),
+            "--train",
+            "96",
+            "--val",
+            "33",
+            "--test",
+            "20",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        env=run_env(),
+    )
     return out
 
 
@@ -62,16 +79,37 @@ def tiny_run(synth, tmp_path_factory) -> Path:
     """A run folder of a 4-step CPU run with a small LSTM (about 10 s): real best.pt and last.pt for the
     tools that read checkpoints."""
     out_dir = tmp_path_factory.mktemp("runs") / "tiny"
-    subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                    f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.max_steps=4", "train.batch_size=8",
-                    "train.eval_every=4", "train.log_every=4", "model.hidden_size=32", "data.num_workers=0",
-                    "train.precision=fp32", "data.augment=strong"], cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            "train.max_steps=4",
+            "train.batch_size=8",
+            "train.eval_every=4",
+            "train.log_every=4",
+            "model.hidden_size=32",
+            "data.num_workers=0",
+            "train.precision=fp32",
+            "data.augment=strong",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out_dir
 
 
 def _join_and_run(rank: int, store: str, target, args: tuple, results) -> None:
     import torch
     import torch.distributed as dist
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     result = target(rank, *args)
@@ -92,7 +130,9 @@ def run_on_two_processes(target, tmp_path: Path, *args):
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     store = tmp_path / f"store-{os.urandom(4).hex()}"
-    processes = [context.Process(target=_join_and_run, args=(rank, str(store), target, args, results)) for rank in range(2)]
+    processes = [
+        context.Process(target=_join_and_run, args=(rank, str(store), target, args, results)) for rank in range(2)
+    ]
     for process in processes:
         process.start()
     try:

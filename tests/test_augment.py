@@ -1,4 +1,5 @@
 """Training-time augmentation: seeded per sample, off in validation, evaluation and prediction."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,10 @@ def test_levels_set_the_probabilities_and_the_augment_section_overrides_them():
     config = load_config("crnn.yaml", ["data.augment=strong", "augment.blur=0.9", "augment.invert=null"])
     assert config.augment.blur == 0.9 and config.augment.invert is None
     validate(config)
-    for override, message in (("data.augment=heavy", "data.augment: 'heavy' is not one of none, light, strong"),
-                              ("augment.blur=1.5", r"augment.blur=1.5: must be from 0 to 1")):
+    for override, message in (
+        ("data.augment=heavy", "data.augment: 'heavy' is not one of none, light, strong"),
+        ("augment.blur=1.5", r"augment.blur=1.5: must be from 0 to 1"),
+    ):
         with pytest.raises(ConfigError, match=message):
             validate(load_config("crnn.yaml", [override]))
 
@@ -64,8 +67,9 @@ def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_ot
             print(error)
     '''
     image = write_images(synth, synth.parent / "erase", 1)[0]
-    result = subprocess.run([sys.executable, "-c", script, str(image)], cwd=REPO, env=run_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(image)], cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "augment.erase=2.0: must be from 0 to 1"
 
@@ -126,13 +130,19 @@ def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_
     model, codec, _, preprocessing = load_model(strongly_augmented)
     with torch.inference_mode():
         expected = codec.decode(model(torch.stack([ImageTransform(preprocessing)(image) for image, _ in samples])))
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(strongly_augmented), *map(str, paths),
-                             "--precision", "fp32"],
-                            cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "scripts/predict.py", str(strongly_augmented), *map(str, paths), "--precision", "fp32"],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     read = [line.split("\t") for line in result.stdout.splitlines()]
-    assert [float(confidence) for _, _, confidence, _ in read] == pytest.approx([r.confidence for r in expected],
-                                                                                 abs=1.5e-4)
+    assert [float(confidence) for _, _, confidence, _ in read] == pytest.approx(
+        [r.confidence for r in expected], abs=1.5e-4
+    )
 
     dumps = {}
     for name, checkpoint in (("augmented", strongly_augmented), ("plain", strongly_augmented.parent / "plain.pt")):
@@ -141,8 +151,22 @@ def test_prediction_and_evaluation_never_augment(strongly_augmented, synth, tmp_
             plain["config"]["data"]["augment"] = "none"
             save_checkpoint(checkpoint, plain)
         dumps[name] = tmp_path / f"{name}.tsv"
-        evaluated = subprocess.run(["bash", "scripts/eval.sh", str(checkpoint), str(synth / "val"), "--dump",
-                                    str(dumps[name]), "--precision", "fp32"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
-                                   capture_output=True, text=True, timeout=300)
+        evaluated = subprocess.run(
+            [
+                "bash",
+                "scripts/eval.sh",
+                str(checkpoint),
+                str(synth / "val"),
+                "--dump",
+                str(dumps[name]),
+                "--precision",
+                "fp32",
+            ],
+            cwd=REPO,
+            env={**run_env(), "PYTHON": sys.executable},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert evaluated.returncode == 0, evaluated.stderr
     assert dumps["augmented"].read_text() == dumps["plain"].read_text()

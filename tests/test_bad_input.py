@@ -1,5 +1,6 @@
 """Bad input in an LMDB: every kind of broken or unusual image decodes correctly or is dropped and
 counted, and a whole training run over a dataset holding all of them, and broken labels and keys, ends well."""
+
 from __future__ import annotations
 
 import io
@@ -109,8 +110,11 @@ UNUSUAL: dict[str, tuple[bytes, Callable[[Tensor], None]]] = {
 @pytest.fixture(scope="module")
 def odd_images_lmdb(tmp_path_factory):
     path = tmp_path_factory.mktemp("bad_input") / "odd_images"
-    write_lmdb(path, [(image_bytes, "odd") for image_bytes in UNDECODABLE.values()]
-               + [(image_bytes, "odd") for image_bytes, _ in UNUSUAL.values()])
+    write_lmdb(
+        path,
+        [(image_bytes, "odd") for image_bytes in UNDECODABLE.values()]
+        + [(image_bytes, "odd") for image_bytes, _ in UNUSUAL.values()],
+    )
     return path
 
 
@@ -123,7 +127,7 @@ def test_each_bad_image_in_an_lmdb_is_dropped_or_decoded_correctly(odd_images_lm
     assert len(dataset) == len(UNDECODABLE) + len(UNUSUAL)  # images are not decoded by the label scan
     samples = [dataset[i] for i in range(len(dataset))]
     assert samples[: len(UNDECODABLE)] == [None] * len(UNDECODABLE)
-    for (kind, (_, check)), (image, label) in zip(UNUSUAL.items(), samples[len(UNDECODABLE):]):
+    for (kind, (_, check)), (image, label) in zip(UNUSUAL.items(), samples[len(UNDECODABLE) :]):
         assert image.shape == (channels, 32, 100) and image.dtype == torch.float32, kind
         assert image.min() >= -1 and image.max() <= 1, kind
         check(image)
@@ -137,8 +141,13 @@ def test_a_training_run_over_every_kind_of_bad_input_reports_it_and_finishes(syn
     good = read_lmdb(synth / "train")[:24]
     good_image = good[0][0]
     bad_labels = [(good_image, ""), (good_image, "héllo"), (good_image, "ab" * 20)]  # 40 frames > 26
-    samples = (good + [(image_bytes, "odd") for image_bytes in UNDECODABLE.values()]
-               + [(image_bytes, "odd") for image_bytes, _ in UNUSUAL.values()] + bad_labels + [(good_image, "gone")])
+    samples = (
+        good
+        + [(image_bytes, "odd") for image_bytes in UNDECODABLE.values()]
+        + [(image_bytes, "odd") for image_bytes, _ in UNUSUAL.values()]
+        + bad_labels
+        + [(good_image, "gone")]
+    )
     path = tmp_path / "bad_input"
     keys = write_lmdb(path, samples)
     edit_lmdb(path, put={b"num-samples": b"%d" % (keys + 3)}, delete=[b"image-%09d" % keys])
@@ -146,16 +155,37 @@ def test_a_training_run_over_every_kind_of_bad_input_reports_it_and_finishes(syn
     out_dir = tmp_path / "run"
 
     result = subprocess.run(
-        [sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{path}]", f"data.val=[{path}]",
-         "train.batch_size=4", "train.eval_batch_size=8", "train.max_steps=4", "train.eval_every=4", "train.log_every=1",
-         "data.num_workers=0", "model.hidden_size=32", f"train.out_dir={out_dir}", "train.precision=fp32"],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{path}]",
+            f"data.val=[{path}]",
+            "train.batch_size=4",
+            "train.eval_batch_size=8",
+            "train.max_steps=4",
+            "train.eval_every=4",
+            "train.log_every=1",
+            "data.num_workers=0",
+            "model.hidden_size=32",
+            f"train.out_dir={out_dir}",
+            "train.precision=fp32",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
-    report = (f"{path}: kept {kept} of {keys + 3}; dropped: 3 missing label, 1 missing image, 1 empty label, "
-              f"1 characters outside the alphabet, 1 too long for CTC\n"
-              f"  num-samples is {keys + 3} but only {keys} samples exist")
+    report = (
+        f"{path}: kept {kept} of {keys + 3}; dropped: 3 missing label, 1 missing image, 1 empty label, "
+        f"1 characters outside the alphabet, 1 too long for CTC\n"
+        f"  num-samples is {keys + 3} but only {keys} samples exist"
+    )
     assert log.count(report) == 2  # once for data.train, once for data.val
     assert "characters outside the alphabet (most common): 'é'x1" in log
     assert f"samples {kept - len(UNDECODABLE)}" in log and f"undecodable_images {len(UNDECODABLE)}" in log

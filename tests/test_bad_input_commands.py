@@ -4,6 +4,7 @@ export.py and import_weights.py that were taken silently or named wrongly.
 
 Real processes where the entry point matters (a signal to a running command, eval.sh); the rest in-process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,6 +47,7 @@ def signal_self(signum: int) -> None:
 
 # --- signals: one line and 128 + the signal, for every command -------------------------------------------
 
+
 @pytest.mark.parametrize("signum", SIGNALS)
 def test_a_signal_stops_a_command_with_one_line_the_shells_exit_code_and_its_clean_up(signum, capsys):
     cleaned = []
@@ -82,8 +84,10 @@ def test_a_signal_that_comes_out_as_another_error_or_is_swallowed_is_still_repor
 
     assert run_cli(import_interrupted)[0] == 130
     assert run_cli(swallowed)[0] == 143
-    assert capsys.readouterr().err.splitlines() == ["stopped by SIGINT; no file was left half-written",
-                                                    "stopped by SIGTERM; no file was left half-written"]
+    assert capsys.readouterr().err.splitlines() == [
+        "stopped by SIGINT; no file was left half-written",
+        "stopped by SIGTERM; no file was left half-written",
+    ]
 
 
 def test_a_second_sigterm_lets_the_clean_up_finish_and_a_second_ctrl_c_does_not(capsys):
@@ -122,8 +126,9 @@ def test_a_signal_while_train_loads_a_checkpoint_is_a_stop_not_a_broken_checkpoi
 
 
 @pytest.mark.parametrize("under_torchrun", [True, False])
-def test_under_torchrun_a_second_sigint_is_torchruns_forward_and_the_checkpoint_is_still_written(under_torchrun,
-                                                                                                 monkeypatch):
+def test_under_torchrun_a_second_sigint_is_torchruns_forward_and_the_checkpoint_is_still_written(
+    under_torchrun, monkeypatch
+):
     # Ctrl-C reaches torchrun and its workers together, and torchrun then sends its workers a SIGINT of
     # its own: a worker that took that for the user insisting would stop without its checkpoint.
     if under_torchrun:
@@ -149,11 +154,29 @@ def test_under_torchrun_a_second_sigint_is_torchruns_forward_and_the_checkpoint_
 @pytest.mark.slow
 def test_ctrl_c_to_torchrun_checkpoints_on_every_rank_and_torchrun_ends_as_documented(synth, tmp_path):
     out_dir = tmp_path / "run"
-    process = start(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--config",
-                     "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-                     f"train.out_dir={out_dir}", "train.max_steps=5000", "train.batch_size=8", "train.log_every=1",
-                     "train.eval_every=5000", "train.save_every=5000", "data.num_workers=0", "model.hidden_size=32",
-                     "train.precision=fp32", "train.tensorboard=false"])
+    process = start(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            "train.max_steps=5000",
+            "train.batch_size=8",
+            "train.log_every=1",
+            "train.eval_every=5000",
+            "train.save_every=5000",
+            "data.num_workers=0",
+            "model.hidden_size=32",
+            "train.precision=fp32",
+            "train.tensorboard=false",
+        ]
+    )
     metrics = out_dir / "metrics.jsonl"
     while not metrics.is_file() or len(metrics.read_text().splitlines()) < 3:  # the loop runs
         assert process.poll() is None, process.communicate()
@@ -165,7 +188,7 @@ def test_ctrl_c_to_torchrun_checkpoints_on_every_rank_and_torchrun_ends_as_docum
         os.killpg(process.pid, signal.SIGKILL)
         pytest.fail("torchrun did not stop")
     output = stdout + stderr
-    stopped = [line[line.index("stopped by"):] for line in output.splitlines() if "stopped by SIGINT at step" in line]
+    stopped = [line[line.index("stopped by") :] for line in output.splitlines() if "stopped by SIGINT at step" in line]
     assert len(stopped) == 2 and stopped[0] == stopped[1], output[-4000:]  # torchrun's own SIGINT did not cut it short
     step = int(stopped[0].split("at step ")[1].split(";")[0])
     assert (out_dir / f"ckpt-{step:07d}.pt").is_file()
@@ -175,8 +198,15 @@ def test_ctrl_c_to_torchrun_checkpoints_on_every_rank_and_torchrun_ends_as_docum
 
 def start(command: list[str]) -> subprocess.Popen:
     # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it.
-    return subprocess.Popen([sys.executable, *command], cwd=REPO, env={**run_env(), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *command],
+        cwd=REPO,
+        env={**run_env(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def has_data_loader_worker(pid: int) -> bool:
@@ -184,8 +214,10 @@ def has_data_loader_worker(pid: int) -> bool:
     as ldconfig run while torch is imported, come before the command's handlers)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if (int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid
-                    and (stat.parent / "comm").read_text().strip() == "pt_data_worker"):
+            if (
+                int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid
+                and (stat.parent / "comm").read_text().strip() == "pt_data_worker"
+            ):
                 return True
         except (OSError, IndexError, ValueError):
             continue  # a process that ended while we looked
@@ -219,16 +251,18 @@ def many_images(synth, tmp_path) -> Path:
 
 @pytest.mark.slow
 def test_ctrl_c_in_predict_stops_it_with_one_line_and_130(tiny_run, many_images):
-    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1",
-                     "--precision", "fp32"])
+    process = start(
+        ["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1", "--precision", "fp32"]
+    )
     process.stdout.readline()  # the first reading: the model is loaded and reading
     stopped_with_one_line(process, signal.SIGINT)
 
 
 @pytest.mark.slow
 def test_predict_piped_into_a_reader_that_stops_early_ends_quietly_as_head_expects(tiny_run, many_images):
-    process = start(["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1",
-                     "--precision", "fp32"])
+    process = start(
+        ["scripts/predict.py", str(tiny_run / "best.pt"), str(many_images), "--batch-size", "1", "--precision", "fp32"]
+    )
     assert process.stdout.readline().startswith(str(many_images))  # `| head -1`: one line, then the pipe closes
     process.stdout.close()
     stderr = process.stderr.read()
@@ -245,8 +279,23 @@ def test_sigterm_in_eval_stops_it_with_one_line_and_143_and_writes_no_results(ti
     big = tmp_path / "big"
     write_lmdb(big, (samples[index % len(samples)] for index in range(20_000)))
     results = tmp_path / "results.json"
-    process = start(["scripts/eval.py", str(tiny_run / "best.pt"), str(big), "--json", str(results),
-                     "--precision", "fp32", "--workers", "1", "--batch-size", "8", "--index-cache", "off"])
+    process = start(
+        [
+            "scripts/eval.py",
+            str(tiny_run / "best.pt"),
+            str(big),
+            "--json",
+            str(results),
+            "--precision",
+            "fp32",
+            "--workers",
+            "1",
+            "--batch-size",
+            "8",
+            "--index-cache",
+            "off",
+        ]
+    )
     while not has_data_loader_worker(process.pid):  # the evaluation has started
         assert process.poll() is None, process.communicate()
         time.sleep(0.01)
@@ -265,8 +314,9 @@ def test_sigterm_to_create_lmdb_while_it_writes_exits_143_with_one_line(synth, t
         lines.append(f"{index:05d}.jpg\tabc\n")
     (tmp_path / "gt.txt").write_text("".join(lines))
     out = tmp_path / "lmdb"
-    process = start(["scripts/create_lmdb.py", "--images", str(images), "--gt", str(tmp_path / "gt.txt"),
-                     "--out", str(out)])
+    process = start(
+        ["scripts/create_lmdb.py", "--images", str(images), "--gt", str(tmp_path / "gt.txt"), "--out", str(out)]
+    )
     while not any(path.name.startswith(f".{out.name}.") for path in tmp_path.iterdir()):  # the LMDB being written
         assert process.poll() is None, process.communicate()
         time.sleep(0.01)
@@ -277,8 +327,21 @@ def test_sigterm_to_create_lmdb_while_it_writes_exits_143_with_one_line(synth, t
 @pytest.mark.slow
 def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_traceback_per_worker(tmp_path):
     out = tmp_path / "synth"
-    process = start(["scripts/make_synthetic.py", "--out", str(out), "--train", "20000", "--val", "0", "--test", "0",
-                     "--workers", "2"])
+    process = start(
+        [
+            "scripts/make_synthetic.py",
+            "--out",
+            str(out),
+            "--train",
+            "20000",
+            "--val",
+            "0",
+            "--test",
+            "0",
+            "--workers",
+            "2",
+        ]
+    )
     while not out.is_dir() or not any(path.name.startswith(".train.") for path in out.iterdir()):  # writing
         assert process.poll() is None, process.communicate()
         time.sleep(0.01)
@@ -287,17 +350,27 @@ def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_tra
 
 # --- eval.sh's NPROC ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", ["0", "abc", "-2", "1.5"])
 def test_eval_sh_names_an_nproc_that_is_not_a_count_of_processes(nproc):
-    result = subprocess.run(["bash", "scripts/eval.sh", "best.pt", "lmdb"], cwd=REPO,
-                            env={**run_env(), "NPROC": nproc}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "scripts/eval.sh", "best.pt", "lmdb"],
+        cwd=REPO,
+        env={**run_env(), "NPROC": nproc},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
-    assert result.stderr == (f"error: NPROC={nproc}: give the number of processes, a whole number from 1 (e.g. "
-                             "NPROC=2), or leave it unset for one\n")
+    assert result.stderr == (
+        f"error: NPROC={nproc}: give the number of processes, a whole number from 1 (e.g. "
+        "NPROC=2), or leave it unset for one\n"
+    )
 
 
 # --- export.py -----------------------------------------------------------------------------------------------
+
 
 class Widths(nn.Module):
     """A small convolution: what export() writes, in a moment."""
@@ -322,8 +395,10 @@ def test_a_failed_write_of_an_export_names_the_file_and_leaves_the_previous_one(
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError) as raised:
         export(Widths(), torch.zeros(2, 1, 8, 16), "pt2", out, {"crnn": "{}"}, min_width=8)
-    assert cli.describe(raised.value) == (f"{out}: No space left on device; the disk is full: free space or write "
-                                          "elsewhere (files already in place were left intact)")
+    assert cli.describe(raised.value) == (
+        f"{out}: No space left on device; the disk is full: free space or write "
+        "elsewhere (files already in place were left intact)"
+    )
     assert [path.name for path in tmp_path.iterdir()] == ["model.pt2"]
     assert out.read_bytes() == b"the previous export"
 
@@ -333,18 +408,35 @@ def test_a_failed_write_of_an_export_names_the_file_and_leaves_the_previous_one(
     assert program.module()(torch.zeros(3, 1, 8, 24)).shape == (3, 24, 4)  # batch and width left free
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--format", "onnx", "--out", "model.pt2"], "--format onnx and --out model.pt2 disagree: the onnx file's name "
-                                                 "must end in .onnx; give e.g. --out model.onnx, or --format pt2"),
-    (["--format", "pt2", "--out", "best.pt"], "--format pt2 and --out best.pt disagree: the pt2 file's name must end "
-                                              "in .pt2; give e.g. --out best.pt2"),
-    (["--format", "easyocr", "--out", "m.onnx"], "--format easyocr and --out m.onnx disagree: easyocr writes a folder, "
-                                                 "not a .onnx file; give a folder, e.g. --out m_easyocr, or --format "
-                                                 "onnx"),
-    (["--format", "onnx", "--name", "mine"], "--name is for --format easyocr; --format onnx has no name or language "
-                                             "list"),
-    (["--format", "pt2", "--lang", "de"], "--lang is for --format easyocr; --format pt2 has no name or language list"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--format", "onnx", "--out", "model.pt2"],
+            "--format onnx and --out model.pt2 disagree: the onnx file's name "
+            "must end in .onnx; give e.g. --out model.onnx, or --format pt2",
+        ),
+        (
+            ["--format", "pt2", "--out", "best.pt"],
+            "--format pt2 and --out best.pt disagree: the pt2 file's name must end "
+            "in .pt2; give e.g. --out best.pt2",
+        ),
+        (
+            ["--format", "easyocr", "--out", "m.onnx"],
+            "--format easyocr and --out m.onnx disagree: easyocr writes a folder, "
+            "not a .onnx file; give a folder, e.g. --out m_easyocr, or --format "
+            "onnx",
+        ),
+        (
+            ["--format", "onnx", "--name", "mine"],
+            "--name is for --format easyocr; --format onnx has no name or language " "list",
+        ),
+        (
+            ["--format", "pt2", "--lang", "de"],
+            "--lang is for --format easyocr; --format pt2 has no name or language list",
+        ),
+    ],
+)
 def test_export_options_that_contradict_each_other_are_one_line_before_anything_runs(options, message, monkeypatch):
     from scripts.export import parse_args
 
@@ -383,6 +475,7 @@ def test_an_onnxruntime_that_fails_to_import_is_not_called_not_installed(tmp_pat
 
 # --- predict.py ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["mps", "cuda:7", "meta"])
 def test_a_device_this_machine_lacks_is_named_with_the_ones_it_has(name):
     from scripts.predict import devices_here, resolve_device
@@ -391,8 +484,10 @@ def test_a_device_this_machine_lacks_is_named_with_the_ones_it_has(name):
         pytest.skip(f"this machine has {name}")
     with pytest.raises(ValueError) as raised:
         resolve_device(name)
-    assert str(raised.value) == (f"--device {name}: not available on this machine; the devices here are "
-                                 f"{', '.join(devices_here())} (or --device auto)")
+    assert str(raised.value) == (
+        f"--device {name}: not available on this machine; the devices here are "
+        f"{', '.join(devices_here())} (or --device auto)"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs where CUDA is")
@@ -412,6 +507,7 @@ def test_a_beam_of_zero_is_refused_by_name(tiny_run):
 
 # --- eval.sh's outputs -------------------------------------------------------------------------------------
 
+
 def eval_args(monkeypatch, *argv: str) -> argparse.Namespace:
     from scripts.eval import parse_args
 
@@ -419,15 +515,21 @@ def eval_args(monkeypatch, *argv: str) -> argparse.Namespace:
     return parse_args()
 
 
-@pytest.mark.parametrize("outputs, message", [
-    (["--json", "{tmp}"], "--json {tmp} is a folder; give a file name"),
-    (["--json", "{checkpoint}"], "--json {checkpoint} would overwrite the checkpoint; write it elsewhere"),
-    (["--dump", "{val}/data.mdb"], "--dump {val}/data.mdb would overwrite LMDB {val}; write it elsewhere"),
-    (["--json", "{tmp}/out.txt", "--dump", "{tmp}/out.txt"], "--dump and --json both name {tmp}/out.txt; give each its "
-                                                             "own file"),
-])
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        (["--json", "{tmp}"], "--json {tmp} is a folder; give a file name"),
+        (["--json", "{checkpoint}"], "--json {checkpoint} would overwrite the checkpoint; write it elsewhere"),
+        (["--dump", "{val}/data.mdb"], "--dump {val}/data.mdb would overwrite LMDB {val}; write it elsewhere"),
+        (
+            ["--json", "{tmp}/out.txt", "--dump", "{tmp}/out.txt"],
+            "--dump and --json both name {tmp}/out.txt; give each its " "own file",
+        ),
+    ],
+)
 def test_eval_outputs_that_would_overwrite_an_input_or_each_other_are_refused_before_evaluating(
-        outputs, message, tiny_run, synth, tmp_path, monkeypatch):
+    outputs, message, tiny_run, synth, tmp_path, monkeypatch
+):
     from scripts.eval import check_args
 
     checkpoint = tmp_path / "best.pt"
@@ -443,8 +545,9 @@ def test_eval_outputs_that_would_overwrite_an_input_or_each_other_are_refused_be
 def test_a_negative_worker_count_is_named_as_the_option(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         eval_args(monkeypatch, "best.pt", "lmdb", "--workers", "-1")
-    assert capsys.readouterr().err.splitlines()[-1] == ("eval.py: error: argument --workers: -1 is below 0 (0 reads in "
-                                                        "the main process)")
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "eval.py: error: argument --workers: -1 is below 0 (0 reads in " "the main process)"
+    )
 
 
 def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -463,14 +566,18 @@ def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
 # --- import_weights.py ---------------------------------------------------------------------------------------
 
+
 def test_import_weights_never_replaces_a_trained_checkpoint_or_names_a_temporary_file(tiny_run, tmp_path):
     from scripts.import_weights import check_out
 
     source = tmp_path / "crnn.pth"
     trained = tmp_path / "best.pt"
     trained.write_bytes((tiny_run / "best.pt").read_bytes())
-    with pytest.raises(ValueError, match=r"^--out .*best.pt exists and is not a checkpoint this script wrote \(a "
-                                         r"trained checkpoint would be lost\); remove it or give another --out$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--out .*best.pt exists and is not a checkpoint this script wrote \(a "
+        r"trained checkpoint would be lost\); remove it or give another --out$",
+    ):
         check_out(trained, source)
     with pytest.raises(ValueError) as raised:
         check_out(tmp_path, source)

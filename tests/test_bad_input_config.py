@@ -4,6 +4,7 @@ Values in YAML files and on the command line mean what they read as, or are refu
 `~` is the home folder in every path key; keys that contradict each other are refused; labels and
 alphabets meet in one Unicode form; a stale launch environment is refused and every rendezvous is bounded.
 """
+
 from __future__ import annotations
 
 import io
@@ -29,13 +30,25 @@ from tests.conftest import REPO, run_env
 from training.config import ConfigError, load_config, path_keys, validate
 from utils.distributed import join_store, read_env, threads_per_process
 
-TINY = ["train.batch_size=8", "train.log_every=1", "data.num_workers=0", "model.hidden_size=32",
-        "train.precision=fp32", "train.tensorboard=false"]
+TINY = [
+    "train.batch_size=8",
+    "train.log_every=1",
+    "data.num_workers=0",
+    "model.hidden_size=32",
+    "train.precision=fp32",
+    "train.tensorboard=false",
+]
 
 
 def train(*arguments: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *arguments], cwd=cwd, env=env or run_env(),
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *arguments],
+        cwd=cwd,
+        env=env or run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -54,20 +67,32 @@ def free_port() -> int:
 
 # --- what was typed is what is used ----------------------------------------------------------------
 
-@pytest.mark.parametrize("key, text, message", [
-    ("train.max_steps", "017", "train.max_steps=017 is ambiguous (a leading 0 makes it octal in YAML 1.1; PyYAML "
-                               "alone reads 15); write 17, or 15 if you meant octal"),
-    ("train.max_steps", "0x1F", "write 31"),
-    ("train.max_steps", "0o17", "write 15"),
-    ("train.max_steps", "1:30", "YAML 1.1 reads numbers with ':' in base 60; PyYAML alone reads 90"),
-    ("train.max_steps", "1_000", "write 1000"),
-    ("optim.lr", "1_0.5", "write 10.5"),
-    ("data.keep_aspect", "on", "data.keep_aspect=on is ambiguous (YAML 1.1 reads yes/no/on/off as true/false; "
-                               "PyYAML alone reads True); write true or false"),
-    ("data.fold_case", "no", "write true or false"),
-    ("model.lstm_layers", "02", "write 2, or quote it for the text"),
-    ("train.max_steps", "1e3", "'train.max_steps' must be an integer (write 1000), got '1e3'"),
-])
+
+@pytest.mark.parametrize(
+    "key, text, message",
+    [
+        (
+            "train.max_steps",
+            "017",
+            "train.max_steps=017 is ambiguous (a leading 0 makes it octal in YAML 1.1; PyYAML "
+            "alone reads 15); write 17, or 15 if you meant octal",
+        ),
+        ("train.max_steps", "0x1F", "write 31"),
+        ("train.max_steps", "0o17", "write 15"),
+        ("train.max_steps", "1:30", "YAML 1.1 reads numbers with ':' in base 60; PyYAML alone reads 90"),
+        ("train.max_steps", "1_000", "write 1000"),
+        ("optim.lr", "1_0.5", "write 10.5"),
+        (
+            "data.keep_aspect",
+            "on",
+            "data.keep_aspect=on is ambiguous (YAML 1.1 reads yes/no/on/off as true/false; "
+            "PyYAML alone reads True); write true or false",
+        ),
+        ("data.fold_case", "no", "write true or false"),
+        ("model.lstm_layers", "02", "write 2, or quote it for the text"),
+        ("train.max_steps", "1e3", "'train.max_steps' must be an integer (write 1000), got '1e3'"),
+    ],
+)
 @pytest.mark.parametrize("where", ["file", "command line"])
 def test_a_value_yaml_1_1_reads_otherwise_is_refused_with_what_to_write(tmp_path, key, text, message, where):
     section, name = key.split(".")
@@ -84,9 +109,11 @@ def test_a_value_yaml_1_1_reads_otherwise_is_refused_with_what_to_write(tmp_path
 
 def test_values_read_as_a_person_reads_them_in_files_and_on_the_command_line(tmp_path):
     path = tmp_path / "plain.yaml"
-    path.write_text("data:\n  alphabet: 0123456789\n  index_cache: off\n  keep_aspect: True\n"
-                    "optim:\n  lr: 1e-3\n  weight_decay: .5e-4\ntrain:\n  max_steps: +20\n  init_from: null\n"
-                    "augment:\n  blur: ~\nmodel:\n  channels: [16, 32, 64, 64, 128, 128, 256]\n")
+    path.write_text(
+        "data:\n  alphabet: 0123456789\n  index_cache: off\n  keep_aspect: True\n"
+        "optim:\n  lr: 1e-3\n  weight_decay: .5e-4\ntrain:\n  max_steps: +20\n  init_from: null\n"
+        "augment:\n  blur: ~\nmodel:\n  channels: [16, 32, 64, 64, 128, 128, 256]\n"
+    )
     config = load_config(str(path), [])
     assert config.data.alphabet == "0123456789"  # YAML 1.1: the integer 123456789, refused before
     assert config.data.index_cache == "off"  # YAML 1.1: false
@@ -100,17 +127,33 @@ def test_values_read_as_a_person_reads_them_in_files_and_on_the_command_line(tmp
 
 @pytest.mark.slow
 def test_a_second_config_file_is_refused_naming_both():
-    one_line_error(train("--config", "crnn.yaml", "--config", "mjst.yaml"),
-                   "error: --config is given twice (crnn.yaml, then mjst.yaml); a second file would replace the first: "
-                   "give one, and override its keys on the command line")
+    one_line_error(
+        train("--config", "crnn.yaml", "--config", "mjst.yaml"),
+        "error: --config is given twice (crnn.yaml, then mjst.yaml); a second file would replace the first: "
+        "give one, and override its keys on the command line",
+    )
 
 
 def test_tilde_is_the_home_folder_in_every_path_key(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert set(path_keys()) == {"data.train", "data.val", "data.index_cache", "train.out_dir", "train.resume",
-                                "train.init_from"}
-    config = load_config("crnn.yaml", ["data.train=[~/a, b]", "data.val=~/v", "data.index_cache=~/cache",
-                                       "train.out_dir=~/runs/x", "train.init_from=~/w.pt"])
+    assert set(path_keys()) == {
+        "data.train",
+        "data.val",
+        "data.index_cache",
+        "train.out_dir",
+        "train.resume",
+        "train.init_from",
+    }
+    config = load_config(
+        "crnn.yaml",
+        [
+            "data.train=[~/a, b]",
+            "data.val=~/v",
+            "data.index_cache=~/cache",
+            "train.out_dir=~/runs/x",
+            "train.init_from=~/w.pt",
+        ],
+    )
     assert config.data.train == [str(tmp_path / "a"), "b"] and config.data.val == [str(tmp_path / "v")]
     assert config.data.index_cache == str(tmp_path / "cache") and config.train.out_dir == str(tmp_path / "runs/x")
     assert config.train.init_from == str(tmp_path / "w.pt")
@@ -122,12 +165,15 @@ def test_tilde_is_the_home_folder_in_every_path_key(tmp_path, monkeypatch):
     assert load_alphabet("~ab") == "~ab"  # characters: `~` is one of them
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.out_dir=", "train.out_dir is empty: give a path"),
-    ("data.train=[datasets/a, '']", r"data.train\[1\] is empty: give a path"),
-    ("data.index_cache=", "data.index_cache is empty: give a path, or 'auto' or 'off'"),
-    ("train.resume=", "train.resume is empty: give a path, or 'auto' or 'none'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.out_dir=", "train.out_dir is empty: give a path"),
+        ("data.train=[datasets/a, '']", r"data.train\[1\] is empty: give a path"),
+        ("data.index_cache=", "data.index_cache is empty: give a path, or 'auto' or 'off'"),
+        ("train.resume=", "train.resume is empty: give a path, or 'auto' or 'none'"),
+    ],
+)
 def test_an_empty_path_is_refused_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("crnn.yaml", [override])
@@ -148,26 +194,55 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     home.mkdir()
     work.mkdir()
     env = {**run_env(), "HOME": str(home)}
-    failed = train("--config", "crnn.yaml", f"data.train=[{synth / 'trian'}]", "train.out_dir=~/runs/x", *TINY,
-                   env=env, cwd=work)
+    failed = train(
+        "--config", "crnn.yaml", f"data.train=[{synth / 'trian'}]", "train.out_dir=~/runs/x", *TINY, env=env, cwd=work
+    )
     one_line_error(failed, f"LMDB folder {synth / 'trian'} does not exist")
     assert list(home.iterdir()) == [] and list(work.iterdir()) == []  # no runs/, and no ./~ either
-    result = train("--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-                   "train.out_dir=~/runs/x", "train.max_steps=2", "train.eval_every=1000", "train.save_every=1000",
-                   *TINY, env=env, cwd=work)
+    result = train(
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        "train.out_dir=~/runs/x",
+        "train.max_steps=2",
+        "train.eval_every=1000",
+        "train.save_every=1000",
+        *TINY,
+        env=env,
+        cwd=work,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert {path.name for path in (home / "runs" / "x").iterdir()} >= {"best.pt", "last.pt", "config.yaml"}
     assert list(work.iterdir()) == []
-    assert ("warning: optim.warmup_steps=100 is more than train.max_steps=2: the learning rate never reaches "
-            "optim.lr=0.001 (it ends at 2% of it)") in result.stdout + result.stderr
+    assert (
+        "warning: optim.warmup_steps=100 is more than train.max_steps=2: the learning rate never reaches "
+        "optim.lr=0.001 (it ends at 2% of it)"
+    ) in result.stdout + result.stderr
 
 
 @pytest.mark.slow
 def test_under_torchrun_every_rank_refuses_a_contradiction_before_the_rendezvous_and_creates_no_folder(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", "--config", "crnn.yaml", "data.alphabet=abcABC", "data.train=[a, a/]",
-                             f"train.out_dir={tmp_path / 'run'}"], cwd=REPO, env=run_env(), capture_output=True,
-                            text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            "data.alphabet=abcABC",
+            "data.train=[a, a/]",
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 2 and errors[0] == errors[1], result.stderr[-3000:]
@@ -177,10 +252,14 @@ def test_under_torchrun_every_rank_refuses_a_contradiction_before_the_rendezvous
 
 # --- keys that contradict each other; Unicode forms ------------------------------------------------
 
+
 def test_fold_case_with_capital_letters_in_the_alphabet_is_refused_naming_both_keys():
-    with pytest.raises(ConfigError, match=r"data.fold_case=true lowercases every label, but data.alphabet has 3 "
-                                          r"character\(s\) no lowercased label holds \(ABÉ\).*"
-                                          r"Set data.fold_case=false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.fold_case=true lowercases every label, but data.alphabet has 3 "
+        r"character\(s\) no lowercased label holds \(ABÉ\).*"
+        r"Set data.fold_case=false",
+    ):
         validate(load_config("crnn.yaml", ["data.alphabet=abcABÉ"]))
     validate(load_config("crnn.yaml", ["data.alphabet=abcABÉ", "data.fold_case=false"]))
     validate(load_config("cjk.yaml", []))  # a mixed-case file with fold_case: false
@@ -218,6 +297,7 @@ def test_an_alphabet_in_nfd_is_read_in_nfc(tmp_path):
 
 # --- config file forms and command-line slips -----------------------------------------------------
 
+
 def test_config_file_forms(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("# only a comment\n")
@@ -230,23 +310,35 @@ def test_config_file_forms(tmp_path):
     tabs.write_text("train:\n\tmax_steps: 7\n")
     with pytest.raises(ConfigError) as raised:
         load_config(str(tabs), [])
-    assert str(raised.value) == (f"{tabs}:2: not valid YAML: while scanning for the next token; found character "
-                                 f"'\\t' that cannot start any token; indent with spaces: YAML does not allow tabs "
-                                 f"there")
+    assert str(raised.value) == (
+        f"{tabs}:2: not valid YAML: while scanning for the next token; found character "
+        f"'\\t' that cannot start any token; indent with spaces: YAML does not allow tabs "
+        f"there"
+    )
 
 
 def test_a_config_file_given_without_config_says_to_use_it():
-    with pytest.raises(ConfigError, match=r"override 'crnn.yaml': expected key=value; to read a config file, give "
-                                          r"--config crnn.yaml"):
+    with pytest.raises(
+        ConfigError,
+        match=r"override 'crnn.yaml': expected key=value; to read a config file, give " r"--config crnn.yaml",
+    ):
         load_config(None, ["crnn.yaml"])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--optim.lr=3e-4"], "unknown option --optim.lr=3e-4; overrides are written without dashes, as key=value: "
-                          "optim.lr=3e-4"),
-    (["--train.max_steps", "5"], "unknown option --train.max_steps; overrides are written without dashes, as "
-                                 "key=value: train.max_steps=VALUE"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--optim.lr=3e-4"],
+            "unknown option --optim.lr=3e-4; overrides are written without dashes, as key=value: " "optim.lr=3e-4",
+        ),
+        (
+            ["--train.max_steps", "5"],
+            "unknown option --train.max_steps; overrides are written without dashes, as "
+            "key=value: train.max_steps=VALUE",
+        ),
+    ],
+)
 def test_an_override_written_as_an_option_says_how_to_write_it(monkeypatch, argv, message):
     import train
 
@@ -271,22 +363,29 @@ def test_an_lmdb_listed_twice_is_refused(key, roots):
 
 # --- launch: no hang -------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_stale_world_size_without_torchrun_is_refused_at_once(tmp_path):
     env = {**run_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     result = train("--config", "crnn.yaml", f"train.out_dir={tmp_path / 'run'}", env=env)
-    one_line_error(result, "error: WORLD_SIZE=2 is set in the environment, but this process was not started by "
-                           "torchrun ($TORCHELASTIC_RUN_ID is not set)", "Unset WORLD_SIZE to run one process, or "
-                           "launch with torchrun")
+    one_line_error(
+        result,
+        "error: WORLD_SIZE=2 is set in the environment, but this process was not started by "
+        "torchrun ($TORCHELASTIC_RUN_ID is not set)",
+        "Unset WORLD_SIZE to run one process, or " "launch with torchrun",
+    )
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("variables, message", [
-    ({"RANK": "1"}, "RANK=1 is set in the environment, but this process was not started by torchrun"),
-    ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 is set"),
-    ({"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not an integer"),
-    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
-])
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        ({"RANK": "1"}, "RANK=1 is set in the environment, but this process was not started by torchrun"),
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 is set"),
+        ({"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not an integer"),
+        ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ],
+)
 def test_a_launch_variable_that_does_not_fit_is_named(monkeypatch, variables, message):
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
@@ -310,8 +409,11 @@ def test_the_rendezvous_gives_up_with_one_line_naming_what_it_waited_for(monkeyp
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    expected = (f"waited 1 s at 127.0.0.1:{port} for the 2 processes of the run (WORLD_SIZE); 1 joined" if rank == 0
-                else f"waited 1 s for the rendezvous at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}")
+    expected = (
+        f"waited 1 s at 127.0.0.1:{port} for the 2 processes of the run (WORLD_SIZE); 1 joined"
+        if rank == 0
+        else f"waited 1 s for the rendezvous at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}"
+    )
     with pytest.raises(TimeoutError, match=re.escape(expected)):
         join_store(rank, 2, timedelta(seconds=1))
 
@@ -320,11 +422,23 @@ def test_the_rendezvous_gives_up_with_one_line_naming_what_it_waited_for(monkeyp
 def test_sigterm_during_the_rendezvous_stops_at_once(tmp_path):
     """A process of a torchrun world of 2 whose peer never comes: SIGTERM ends the wait, as before training."""
     port = free_port()
-    env = {**run_env(), "TORCHELASTIC_RUN_ID": "test", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
-           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    process = subprocess.Popen([sys.executable, "train.py", "--config", "crnn.yaml",
-                                f"train.out_dir={tmp_path / 'run'}"], cwd=REPO, env=env, stderr=subprocess.PIPE,
-                               text=True)
+    env = {
+        **run_env(),
+        "TORCHELASTIC_RUN_ID": "test",
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "train.py", "--config", "crnn.yaml", f"train.out_dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         while process.poll() is None:  # rank 0 hosts the store: listening means it waits for its peer
             try:

@@ -1,6 +1,7 @@
 """Round 3 of bad input (issue 28) on runs: a checkpoint given by path is checked against the run, best.pt
 means what it says, and nothing is lost or left behind in a run folder (docs/bad-input.md, its section
 "Round 3: checkpoints, best.pt and run folders")."""
+
 from __future__ import annotations
 
 import json
@@ -12,23 +13,44 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, run_env
+
 from models import model_from_config
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
+from training.config import ConfigError, load_config, validate
 from training.run_folder import find_latest_checkpoint, lock_run_folder, unlock_run_folder
 from utils.atomic_write import write_text_atomically
-from training.config import ConfigError, load_config, validate
 
-SMALL = ["model.hidden_size=32", "data.num_workers=0", "train.precision=fp32", "train.batch_size=8",
-         "train.tensorboard=false"]
+SMALL = [
+    "model.hidden_size=32",
+    "data.num_workers=0",
+    "train.precision=fp32",
+    "train.batch_size=8",
+    "train.tensorboard=false",
+]
 
 
-def train(synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = (sys.executable,)
-          ) -> subprocess.CompletedProcess:
-    return subprocess.run([*launcher, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                           f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", *SMALL, *overrides],
-                          cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+def train(
+    synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = (sys.executable,)
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            *launcher,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *SMALL,
+            *overrides,
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def copy_run(tiny_run: Path, tmp_path: Path) -> Path:
@@ -42,12 +64,21 @@ def small_config(*overrides: str):
 
 # B. A checkpoint given by path is checked against the run.
 
+
 @pytest.mark.slow
 def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, tiny_run, tmp_path):
     """The optimizer state comes from the checkpoint, its hyperparameters from the config: the old code
     logged optim.lr=0.01 and kept 0.001 (the scheduler's saved base)."""
-    result = train(synth, tmp_path / "new", f"train.resume={tiny_run / 'last.pt'}", "optim.lr=0.01",
-                   "train.max_steps=6", "train.log_every=2", "train.eval_every=6", f"data.train=[{synth / 'test'}]")
+    result = train(
+        synth,
+        tmp_path / "new",
+        f"train.resume={tiny_run / 'last.pt'}",
+        "optim.lr=0.01",
+        "train.max_steps=6",
+        "train.log_every=2",
+        "train.eval_every=6",
+        f"data.train=[{synth / 'test'}]",
+    )
     assert result.returncode == 0, result.stderr
     assert "changed on resume (this run's values apply):\n" in result.stdout
     assert "\n  optim.lr: 0.001 -> 0.01\n" in result.stdout
@@ -62,8 +93,11 @@ def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, t
 def test_a_checkpoint_with_another_model_is_refused_naming_the_key_by_resume_and_init_from(tiny_run, tmp_path):
     checkpoint = load_checkpoint(tiny_run / "last.pt")
     for option in ("train.resume", "train.init_from"):
-        with pytest.raises(ConfigError, match=f"{option}=.*its weights were trained for another model .*\n"
-                                              f"  model.hidden_size: 32 -> 48\nset these keys as the checkpoint"):
+        with pytest.raises(
+            ConfigError,
+            match=f"{option}=.*its weights were trained for another model .*\n"
+            f"  model.hidden_size: 32 -> 48\nset these keys as the checkpoint",
+        ):
             check_config(checkpoint, tiny_run / "last.pt", small_config("model.hidden_size=48"), option)
     with pytest.raises(ConfigError, match="model.channels: .* -> \\[16, 32, 64, 64, 64, 64, 64\\]"):
         check_config(checkpoint, "x.pt", small_config("model.channels=[16,32,64,64,64,64,64]"), "train.init_from")
@@ -77,9 +111,12 @@ def test_resume_refuses_another_optimizer_and_init_from_takes_it_with_another_al
     classifier's rows by character."""
     path = tiny_run / "last.pt"
     adadelta = small_config("optim.name=adadelta", "optim.lr=1.0", "data.alphabet=abc")
-    with pytest.raises(ConfigError, match="its optimizer state belongs to another optimizer .*\n  optim.name: 'adam'"
-                                          " -> 'adadelta'\nset it back to continue that run, or start a new run from "
-                                          f"its weights with train.init_from={path}"):
+    with pytest.raises(
+        ConfigError,
+        match="its optimizer state belongs to another optimizer .*\n  optim.name: 'adam'"
+        " -> 'adadelta'\nset it back to continue that run, or start a new run from "
+        f"its weights with train.init_from={path}",
+    ):
         check_config(load_checkpoint(path), path, adadelta, "train.resume")
     model = model_from_config(adadelta.model, 4)
     report = load_initial_weights(model, path, "abc", adadelta)
@@ -103,12 +140,16 @@ def test_init_from_a_bare_state_dict_of_another_architecture_is_refused(tmp_path
     source = model_from_config(small_config("model.channels=[16,32,64,64,64,64,64]").model, 37)
     save_checkpoint(tmp_path / "bare.pt", source.state_dict())  # no config, no alphabet: nothing to compare
     target = model_from_config(small_config().model, 37)
-    with pytest.raises(ConfigError, match=r"train.init_from=.*bare.pt: \d+ of the model's \d+ tensors outside the "
-                                          r"classifier are missing from it or of another shape \(backbone\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.init_from=.*bare.pt: \d+ of the model's \d+ tensors outside the "
+        r"classifier are missing from it or of another shape \(backbone\.",
+    ):
         load_initial_weights(target, tmp_path / "bare.pt", "0123456789abcdefghijklmnopqrstuvwxyz")
 
 
 # C. best.pt means what it says.
+
 
 def test_an_empty_data_val_is_refused():
     with pytest.raises(ConfigError, match="data.val is empty: list at least one LMDB folder to validate on"):
@@ -116,19 +157,29 @@ def test_an_empty_data_val_is_refused():
 
 
 @pytest.mark.slow
-def test_a_changed_data_val_on_resume_restarts_the_best_score_and_the_report_names_the_new_sets(synth, tiny_run,
-                                                                                               tmp_path):
+def test_a_changed_data_val_on_resume_restarts_the_best_score_and_the_report_names_the_new_sets(
+    synth, tiny_run, tmp_path
+):
     run = copy_run(tiny_run, tmp_path)
     (run / "best.pt").unlink()
     torch.save({**load_checkpoint(tiny_run / "best.pt"), "accuracy": 1.0}, run / "best.pt")
     for name in ("last.pt", "ckpt-0000004.pt"):  # an old set whose best score no new one can beat
         checkpoint = load_checkpoint(run / name)
         torch.save({**checkpoint, "best_accuracy": 1.0}, run / name)
-    result = train(synth, run, f"data.val=[{synth / 'test'}]", "train.max_steps=6", "train.eval_every=6",
-                   "train.log_every=6", "data.augment=strong")
+    result = train(
+        synth,
+        run,
+        f"data.val=[{synth / 'test'}]",
+        "train.max_steps=6",
+        "train.eval_every=6",
+        "train.log_every=6",
+        "data.augment=strong",
+    )
     assert result.returncode == 0, result.stderr
-    assert (f"best val accuracy 1.0000 was measured on data.val ['{synth / 'val'}']; this run validates on "
-            f"['{synth / 'test'}']: the best score starts afresh") in result.stdout
+    assert (
+        f"best val accuracy 1.0000 was measured on data.val ['{synth / 'val'}']; this run validates on "
+        f"['{synth / 'test'}']: the best score starts afresh"
+    ) in result.stdout
     best = load_checkpoint(run / "best.pt")
     assert best["step"] == 6 and best["accuracy"] < 1.0
     assert f"best val accuracy {best['accuracy']:.4f} on data.val ['{synth / 'test'}']" in result.stdout
@@ -136,13 +187,24 @@ def test_a_changed_data_val_on_resume_restarts_the_best_score_and_the_report_nam
 
 # G. Nothing lost, nothing left behind.
 
+
 @pytest.mark.slow
 def test_resume_with_another_model_stops_both_torchrun_ranks_before_anything_is_written(synth, tiny_run, tmp_path):
-    result = train(synth, tmp_path / "new", f"train.resume={tiny_run / 'last.pt'}", "model.hidden_size=48",
-                   launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    result = train(
+        synth,
+        tmp_path / "new",
+        f"train.resume={tiny_run / 'last.pt'}",
+        "model.hidden_size=48",
+        launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+    )
     assert result.returncode != 0
-    assert result.stderr.count(f"error: train.resume={tiny_run / 'last.pt'}: its weights were trained for another "
-                               f"model (checkpoint -> this run):") == 2  # every rank: none waits for the other
+    assert (
+        result.stderr.count(
+            f"error: train.resume={tiny_run / 'last.pt'}: its weights were trained for another "
+            f"model (checkpoint -> this run):"
+        )
+        == 2
+    )  # every rank: none waits for the other
     assert result.stderr.count("  model.hidden_size: 32 -> 48") == 2
     assert not (tmp_path / "new" / "config.yaml").exists()
 
@@ -159,8 +221,7 @@ def test_overwrite_with_a_bad_init_from_keeps_the_old_run(synth, tiny_run, tmp_p
 
 
 def test_the_next_start_removes_what_a_killed_writer_left_and_only_that(tmp_path):
-    leftovers = [".ckpt-0000250.pt.k2j4_x9a.tmp", ".best.pt.abcdefgh.tmp", ".config.yaml.4242.tmp",
-                 ".last.pt.4242.tmp"]
+    leftovers = [".ckpt-0000250.pt.k2j4_x9a.tmp", ".best.pt.abcdefgh.tmp", ".config.yaml.4242.tmp", ".last.pt.4242.tmp"]
     kept = ["notes.tmp", ".tmp", "ckpt-0000250.pt", ".hidden"]
     for name in leftovers + kept:
         (tmp_path / name).write_bytes(b"half")
@@ -178,12 +239,18 @@ def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first
     out_dir.mkdir()
     lock, _ = lock_run_folder(out_dir)  # the first run: this test's process
     try:
-        result = train(synth, out_dir, "train.max_steps=2",
-                       launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+        result = train(
+            synth,
+            out_dir,
+            "train.max_steps=2",
+            launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        )
     finally:
         lock.file.close()  # as the kernel does when its process dies: the file stays
-    line = (f"error: train.out_dir={out_dir} is in use by another run (PID {os.getpid()} on host "
-            f"{os.uname().nodename}); wait for it to end, stop it, or pick another train.out_dir")
+    line = (
+        f"error: train.out_dir={out_dir} is in use by another run (PID {os.getpid()} on host "
+        f"{os.uname().nodename}); wait for it to end, stop it, or pick another train.out_dir"
+    )
     assert result.returncode != 0 and result.stderr.count(line) == 2
     assert sorted(path.name for path in out_dir.iterdir()) == [".lock"]
     assert f"PID {os.getpid()}" in (out_dir / ".lock").read_text()  # a stale record, and no lock behind it
@@ -206,6 +273,7 @@ def test_checkpoints_and_run_files_get_the_permissions_of_the_umask(tmp_path, um
 
 # Own cases: resume, checkpoints and plot.py.
 
+
 @pytest.mark.slow
 def test_a_run_whose_numbered_checkpoints_were_deleted_resumes_from_last_pt(tiny_run, tmp_path):
     """Before: resume=auto found no ckpt-*.pt, started from step 0 and overwrote last.pt and best.pt."""
@@ -217,8 +285,9 @@ def test_a_run_whose_numbered_checkpoints_were_deleted_resumes_from_last_pt(tiny
 
 
 @pytest.mark.slow
-def test_a_finished_run_started_again_says_done_and_one_asked_to_end_before_its_step_is_refused(synth, tiny_run,
-                                                                                                   tmp_path):
+def test_a_finished_run_started_again_says_done_and_one_asked_to_end_before_its_step_is_refused(
+    synth, tiny_run, tmp_path
+):
     """The same command again is the way to continue a run: once it has finished, that says done.
     A train.max_steps below the checkpoint's step gave the same 'done: step 4', exit 0, nothing saved."""
     run = copy_run(tiny_run, tmp_path)
@@ -228,13 +297,20 @@ def test_a_finished_run_started_again_says_done_and_one_asked_to_end_before_its_
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: train.max_steps=3: {tiny_run / 'last.pt'} is at step 4 already; set train.max_steps above 4 to "
-        f"train it further")
+        f"train it further"
+    )
     assert not (tmp_path / "new" / "config.yaml").exists()
 
 
 def plot(run: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/plot.py", str(run), *options], cwd=REPO, env=run_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "scripts/plot.py", str(run), *options],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow
@@ -243,11 +319,13 @@ def test_plot_draws_a_diverged_run_and_a_log_holding_text_where_numbers_belong(t
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 2, "loss": "x", "lr": null, "images_per_s": "fast", "infinite_losses": "x"}\n'
         '{"step": 4, "val": "v", "accuracy": "high"}\n{"step": 6, "val": "v", "accuracy": 0.5, "cer": null}\n'
-        '{"step": 8, "loss": NaN, "lr": 0.001, "images_per_s": 100.4}\n')
+        '{"step": 8, "loss": NaN, "lr": 0.001, "images_per_s": 100.4}\n'
+    )
     result = plot(tmp_path, "--out", str(tmp_path / "a.png"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "a.png").stat().st_size > 0
     from scripts.plot import load_records, short_names, summary
+
     records = load_records(tmp_path / "metrics.jsonl")
     lines = summary(records, short_names(list(records.val)), tmp_path)
     assert "last step 8: loss nan, lr 0.001, 100 images/s" in lines
@@ -258,12 +336,14 @@ def test_plot_names_a_metrics_log_that_is_a_folder_and_an_out_path_below_a_file(
     (tmp_path / "metrics.jsonl").mkdir()
     result = plot(tmp_path)
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"error: {tmp_path / 'metrics.jsonl'} is a folder, not the run's log; is {tmp_path}"
-                                     f" a run folder?")
+    assert result.stderr.strip() == (
+        f"error: {tmp_path / 'metrics.jsonl'} is a folder, not the run's log; is {tmp_path}" f" a run folder?"
+    )
     (tmp_path / "file").write_text("x")
     result = plot(tiny_run, "--out", str(tmp_path / "file" / "curves.png"))
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
-        f"error: {tmp_path / 'file'}: File exists; something else is already there")
+        f"error: {tmp_path / 'file'}: File exists; something else is already there"
+    )
 
 
 def test_a_run_folder_the_lock_created_is_removed_again_when_nothing_was_written(tmp_path):
@@ -291,8 +371,9 @@ def test_a_best_pt_already_in_the_folder_is_replaced_only_by_a_better_score(synt
     best = load_checkpoint(out_dir / "best.pt")
     save_checkpoint(out_dir / "best.pt", {**best, "accuracy": 0.99})
     kept = (out_dir / "best.pt").read_bytes()
-    result = train(synth, out_dir, "train.max_steps=4", "train.eval_every=4", "train.log_every=4",
-                   "data.augment=strong")
+    result = train(
+        synth, out_dir, "train.max_steps=4", "train.eval_every=4", "train.log_every=4", "data.augment=strong"
+    )
     assert result.returncode == 0, result.stderr
     assert f"{out_dir / 'best.pt'} scores 0.9900 on data.val; a validation must beat it to replace it" in result.stdout
     assert (out_dir / "best.pt").read_bytes() == kept and (out_dir / "last.pt").is_file()

@@ -1,4 +1,5 @@
 """tools/benchmark.py runs end to end and writes every figure it promises (no timing assertions)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,9 @@ def test_benchmark_refuses_a_config_as_train_py_does(monkeypatch):
     training run would refuse is not measured."""
     for name, value in {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "test"}.items():
         monkeypatch.setenv(name, value)  # three processes, as torchrun would say
-    monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--config", "crnn.yaml", "train.batch_size=63",
-                                      "train.eval_batch_size=64"])
+    monkeypatch.setattr(
+        sys, "argv", ["tools/benchmark.py", "--config", "crnn.yaml", "train.batch_size=63", "train.eval_batch_size=64"]
+    )
     spec = importlib.util.spec_from_file_location("benchmark", REPO / "tools" / "benchmark.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
@@ -34,24 +36,57 @@ def test_benchmark_refuses_a_config_as_train_py_does(monkeypatch):
 @pytest.mark.parametrize("processes", [1, 2])
 def test_benchmark_writes_its_json(synth, tmp_path, processes):
     json_path = tmp_path / "bench.json"
-    launcher = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                        f"--nproc_per_node={processes}"]
+    launcher = (
+        [sys.executable]
+        if processes == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    )
     result = subprocess.run(
-        [*launcher, "tools/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
-         "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-         "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=1", "model.hidden_size=32",
-         "model.channels=[64,128,256,256,512,512,512]", "data.augment=light",  # the paper's widths, augmented
-         # The options win over the overrides before them.
-         "--batch-size", "8", "--precision", "fp32", "--threads", "1", "--no-channels-last"],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=600)
+        [
+            *launcher,
+            "tools/benchmark.py",
+            "--config",
+            "crnn.yaml",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(json_path),
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            "train.batch_size=4",
+            "train.eval_batch_size=16",
+            "data.num_workers=1",
+            "model.hidden_size=32",
+            "model.channels=[64,128,256,256,512,512,512]",
+            "data.augment=light",  # the paper's widths, augmented
+            # The options win over the overrides before them.
+            "--batch-size",
+            "8",
+            "--precision",
+            "fp32",
+            "--threads",
+            "1",
+            "--no-channels-last",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(json_path.read_text())
     assert "loop / floor" in result.stdout
     for key in ("train_images_per_s", "compute_floor_images_per_s", "data_loading_images_per_s"):
         assert results[key]["total"] > 0 and results[key]["per_process_rank0"] > 0
         # The total adds up every process's rate; one process's is a part of it.
-        assert results[key]["total"] > results[key]["per_process_rank0"] if processes > 1 else \
-            results[key]["total"] == results[key]["per_process_rank0"]
+        assert (
+            results[key]["total"] > results[key]["per_process_rank0"]
+            if processes > 1
+            else results[key]["total"] == results[key]["per_process_rank0"]
+        )
     assert results["eval_images_per_s"] > 0 and results["matmul_gflops_per_s_per_process"] > 0
     # The paper CRNN at 32x100 does about 0.7 GMAC per image forward: counted, not guessed.
     assert 1.0 < results["forward_gflops_per_image"] < 2.0
@@ -65,12 +100,32 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
 def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_path):
     json_path = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, "tools/benchmark.py", "--config", "crnn.yaml", "--steps", "2", "--warmup", "1",
-         "--json", str(json_path), f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-         "train.batch_size=4", "train.eval_batch_size=16", "data.num_workers=0", "model.hidden_size=16",
-         "--threads", "1"],
-        cwd=REPO, env={**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}, capture_output=True, text=True,
-        timeout=600)
+        [
+            sys.executable,
+            "tools/benchmark.py",
+            "--config",
+            "crnn.yaml",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(json_path),
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            "train.batch_size=4",
+            "train.eval_batch_size=16",
+            "data.num_workers=0",
+            "model.hidden_size=16",
+            "--threads",
+            "1",
+        ],
+        cwd=REPO,
+        env={**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(json_path.read_text())
     candidates = candidate_precisions(torch.device("cpu"))

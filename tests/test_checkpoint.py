@@ -17,6 +17,8 @@ from training.checkpoint import (
 from training.config import load_config, to_dict
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
 def small_config(alphabet: str = ALPHABET):
     return load_config("crnn.yaml", ["model.hidden_size=32", f"data.alphabet={alphabet}"])
 
@@ -58,7 +60,9 @@ def test_strip_wrapper_prefixes():
 
 def test_checkpoint_for_another_alphabet_is_a_clear_error(tmp_path):
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, {"model": small_model("abc").state_dict(), "config": to_dict(small_config()), "alphabet": ALPHABET})
+    save_checkpoint(
+        path, {"model": small_model("abc").state_dict(), "config": to_dict(small_config()), "alphabet": ALPHABET}
+    )
     with pytest.raises(ValueError, match="another alphabet or architecture"):
         load_model(path, "cpu")
 
@@ -88,8 +92,10 @@ def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path
     target = model_from_config(small_config("zqa").model, len("zqa") + 1)
     fresh_q = target.sequence[-1].linear.weight[2].clone()
     report = load_initial_weights(target, path, alphabet="zqa")
-    assert ("rows matched by character: 1 copied in place (the blank included), 2 moved, 1 new characters initialised"
-            " fresh; 4 characters of the checkpoint's alphabet not in data.alphabet dropped") in report
+    assert (
+        "rows matched by character: 1 copied in place (the blank included), 2 moved, 1 new characters initialised"
+        " fresh; 4 characters of the checkpoint's alphabet not in data.alphabet dropped"
+    ) in report
     assert "re-initialised" not in report
     new, old = target.sequence[-1].linear, source.sequence[-1].linear
     for new_row, old_row in [(0, 0), (1, 6), (3, 1)]:  # blank; z: 6th of abcxyz; a: 1st
@@ -129,8 +135,14 @@ def test_not_a_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
-@pytest.mark.parametrize("content, what", [(b"", "an empty file"), (b"\x00" * 4096, "neither a zip archive nor a pickle"),
-                                           (b"\x1bMDB" + b"\x00" * 4092, "neither a zip archive nor a pickle")])
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        (b"", "an empty file"),
+        (b"\x00" * 4096, "neither a zip archive nor a pickle"),
+        (b"\x1bMDB" + b"\x00" * 4092, "neither a zip archive nor a pickle"),
+    ],
+)
 def test_another_kind_of_file_is_named_as_such_not_as_an_unsafe_pickle(tmp_path, content, what):
     """A data.mdb or an image given as a checkpoint: the unpickler would call it unsafe, or fail on some
     opcode; the file's first bytes already say it is no checkpoint."""
@@ -138,8 +150,9 @@ def test_another_kind_of_file_is_named_as_such_not_as_an_unsafe_pickle(tmp_path,
     path.write_bytes(content)
     with pytest.raises(ValueError) as error:
         load_checkpoint(path)
-    assert str(error.value) == (f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or "
-                                f"torch.save")
+    assert str(error.value) == (
+        f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or " f"torch.save"
+    )
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path):

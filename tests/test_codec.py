@@ -110,8 +110,11 @@ def test_alphabet_file_errors_name_the_file_and_line(tmp_path):
 def test_alphabet_file_listing_the_ctc_blank_is_an_error_that_says_why(tmp_path, line):
     path = tmp_path / "with_blank.txt"
     path.write_text(f"a\n{line}\nb\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"with_blank.txt:2: .*the CTC blank is class 0, added by the codec, and must "
-                                         r"not be listed: delete the line"):
+    with pytest.raises(
+        ValueError,
+        match=r"with_blank.txt:2: .*the CTC blank is class 0, added by the codec, and must "
+        r"not be listed: delete the line",
+    ):
         load_alphabet(str(path))
 
 
@@ -122,10 +125,15 @@ def test_alphabet_file_errors_name_the_line_of_a_duplicate(tmp_path):
         load_alphabet(str(path))
 
 
-@pytest.mark.parametrize("alphabet, position, char", [("ab\x00c", 2, r"'\\x00' \(U\+0000\)"),
-                                                      ("\x07abc", 0, r"'\\x07' \(U\+0007\)"),
-                                                      ("ab\tc", 2, r"'\\t' \(U\+0009\)"),
-                                                      ("ab\nc", 2, r"'\\n' \(U\+000A\)")])
+@pytest.mark.parametrize(
+    "alphabet, position, char",
+    [
+        ("ab\x00c", 2, r"'\\x00' \(U\+0000\)"),
+        ("\x07abc", 0, r"'\\x07' \(U\+0007\)"),
+        ("ab\tc", 2, r"'\\t' \(U\+0009\)"),
+        ("ab\nc", 2, r"'\\n' \(U\+000A\)"),
+    ],
+)
 def test_control_characters_in_an_inline_alphabet_are_named_with_their_position(alphabet, position, char):
     with pytest.raises(ValueError, match=rf"data.alphabet: position {position}: control character {char} cannot be"):
         load_alphabet(alphabet)

@@ -18,24 +18,35 @@ def test_bare_name_is_found_in_configs_and_defaults_are_valid():
 
 
 def test_overrides_use_dotted_keys_and_yaml_values():
-    config = load_config("crnn.yaml", ["optim.lr=3e-4", "data.train=[datasets/a,datasets/b]",
-                                       "train.max_steps=7", "data.keep_aspect=true", "data.alphabet=0123"])
+    config = load_config(
+        "crnn.yaml",
+        [
+            "optim.lr=3e-4",
+            "data.train=[datasets/a,datasets/b]",
+            "train.max_steps=7",
+            "data.keep_aspect=true",
+            "data.alphabet=0123",
+        ],
+    )
     assert config.optim.lr == pytest.approx(3e-4)
     assert config.data.train == ["datasets/a", "datasets/b"]
     assert config.train.max_steps == 7 and config.data.keep_aspect is True
     assert config.data.alphabet == "0123"  # a string option keeps the text: not the int 123
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.lrr=1", "optim.lrr"),
-    ("nosuch.key=1", "nosuch"),
-    ("train.max_steps=many", "train.max_steps"),
-    ("train.batch_size=1.5", "train.batch_size"),
-    ("data.keep_aspect=maybe", "data.keep_aspect"),
-    ("device_ids=[a]", r"device_ids\[0\]"),
-    ("train=3", "section"),
-    ("no_equals_sign", "key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lrr=1", "optim.lrr"),
+        ("nosuch.key=1", "nosuch"),
+        ("train.max_steps=many", "train.max_steps"),
+        ("train.batch_size=1.5", "train.batch_size"),
+        ("data.keep_aspect=maybe", "data.keep_aspect"),
+        ("device_ids=[a]", r"device_ids\[0\]"),
+        ("train=3", "section"),
+        ("no_equals_sign", "key=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("crnn.yaml", [override])
@@ -48,8 +59,10 @@ def test_unknown_key_in_a_yaml_file_names_file_and_key(tmp_path):
         load_config(str(path), [])
 
 
-@pytest.mark.parametrize("override", ["train.precision=fp8", "data.eval_width_step=-8", "data.num_workers=-1",
-                                      "data.unknown_characters=keep"])
+@pytest.mark.parametrize(
+    "override",
+    ["train.precision=fp8", "data.eval_width_step=-8", "data.num_workers=-1", "data.unknown_characters=keep"],
+)
 def test_validate_rejects_bad_choices(override):
     config = load_config("crnn.yaml", [override])
     with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):
@@ -66,12 +79,18 @@ def test_dict_round_trip():
     assert from_dict(to_dict(config)) == config
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.interpolation=area"], r"data.interpolation: 'area' is not one of nearest, bilinear"),
-    (["data.mean=[0.5,0.5]"], r"data.mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
-    (["data.std=[0.0]"], r"data.std\[0\]=0.0: must be from 1e-06 to 1000"),
-    (["model.in_channels=3", "data.std=[0.2,0.2]"], r"data.std=\[0.2, 0.2\]: give 1 value, or one per channel \(3\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.interpolation=area"], r"data.interpolation: 'area' is not one of nearest, bilinear"),
+        (["data.mean=[0.5,0.5]"], r"data.mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
+        (["data.std=[0.0]"], r"data.std\[0\]=0.0: must be from 1e-06 to 1000"),
+        (
+            ["model.in_channels=3", "data.std=[0.2,0.2]"],
+            r"data.std=\[0.2, 0.2\]: give 1 value, or one per channel \(3\)",
+        ),
+    ],
+)
 def test_preprocessing_keys_are_checked(overrides, message):
     config = load_config("crnn.yaml", overrides)
     with pytest.raises(ConfigError, match=message):

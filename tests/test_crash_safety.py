@@ -3,6 +3,7 @@ worker under --max-restarts, two rendezvous "nodes" on 127.0.0.1, SyncBatchNorm'
 
 Every run uses the same small recipe; the uninterrupted reference run is what the others must equal.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,21 +23,46 @@ from tests.conftest import REPO, run_env
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 MAX_STEPS = 16
-RECIPE = [f"train.max_steps={MAX_STEPS}", "train.batch_size=8", "train.save_every=4", "train.log_every=1",
-          "train.eval_every=8", "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2",
-          "train.precision=fp32", "model.hidden_size=32", "data.augment=strong"]  # augmented: exact too
+RECIPE = [
+    f"train.max_steps={MAX_STEPS}",
+    "train.batch_size=8",
+    "train.save_every=4",
+    "train.log_every=1",
+    "train.eval_every=8",
+    "train.eval_batch_size=8",
+    "data.num_workers=1",
+    "optim.warmup_steps=2",
+    "train.precision=fp32",
+    "model.hidden_size=32",
+    "data.augment=strong",
+]  # augmented: exact too
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def train_args(synth: Path, out_dir: Path, *overrides: str) -> list[str]:
-    return ["train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}", *RECIPE, *overrides]
+    return [
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        *RECIPE,
+        *overrides,
+    ]
 
 
 def launch(command: list[str]) -> subprocess.Popen:
     # Its own session: a test that fails can kill the launcher with all its workers.
-    return subprocess.Popen(command, cwd=REPO, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(process: subprocess.Popen, expect_success: bool = True, timeout: float = 240) -> str:
@@ -74,7 +100,9 @@ def worker_pids(launcher_pid: int) -> dict[int, int]:
             parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             if parent != launcher_pid:
                 continue
-            environ = dict(item.split("=", 1) for item in (stat.parent / "environ").read_text().split("\0") if "=" in item)
+            environ = dict(
+                item.split("=", 1) for item in (stat.parent / "environ").read_text().split("\0") if "=" in item
+            )
         except (OSError, ValueError, IndexError):
             continue  # a process that ended while we looked
         if "RANK" in environ:
@@ -119,7 +147,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_is_ex
     output = finish(process, expect_success=False, timeout=120)
     print(f"SIGTERM to rank {signal_rank} -> torchrun exited after {time.monotonic() - sent:.1f} s")
     # Rank 0's message may share a line with its progress bar: keep what follows "stopped by".
-    stopped = [line[line.index("stopped by"):] for line in output.splitlines() if "stopped by SIGTERM at step" in line]
+    stopped = [line[line.index("stopped by") :] for line in output.splitlines() if "stopped by SIGTERM at step" in line]
     assert len(stopped) == 2, output[-4000:]  # both ranks, the same step and message
     step = int(stopped[0].split("at step ")[1].split(";")[0])
     assert 5 <= step < MAX_STEPS and stopped[0] == stopped[1]
@@ -135,8 +163,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_is_ex
 
 def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_never_killed(reference, synth, tmp_path):
     out_dir = tmp_path / "run"
-    process = launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-                      *train_args(synth, out_dir)])
+    process = launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", *train_args(synth, out_dir)])
     wait_for_step(out_dir, 6, process)
     assert (out_dir / "ckpt-0000004.pt").is_file()
     os.kill(worker_pids(process.pid)[0], signal.SIGKILL)
@@ -156,8 +183,16 @@ def free_port() -> int:
 
 def test_two_rendezvous_nodes_on_the_loopback_address(reference, synth, tmp_path):
     out_dir = tmp_path / "run"
-    node = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
-            "--rdzv_id=loopback", "--local_addr=127.0.0.1", *train_args(synth, out_dir)]
+    node = [
+        *TORCHRUN,
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        "--rdzv_id=loopback",
+        "--local_addr=127.0.0.1",
+        *train_args(synth, out_dir),
+    ]
     nodes = [launch(node), launch(node)]
     for process in nodes:
         finish(process)
@@ -167,7 +202,9 @@ def test_two_rendezvous_nodes_on_the_loopback_address(reference, synth, tmp_path
     assert_same_weights(checkpoint["model"], weights(reference / "last.pt"))
 
 
-def distance_over_travel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> float:
+def distance_over_travel(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+) -> float:
     """|a - b| over |a - start| across the learned weights: how far apart two runs ended, relative to
     how far training moved them."""
     keys = [key for key in start if start[key].is_floating_point() and "running" not in key]
@@ -186,9 +223,11 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     """
     steps = ["train.max_steps=6", "train.save_every=6", "train.eval_every=6"]
     runs = {}
-    for name, launcher, extra in [("one", [sys.executable], ["model.sync_bn=true"]),
-                                  ("two_sync", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], ["model.sync_bn=true"]),
-                                  ("two_local", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], [])]:
+    for name, launcher, extra in [
+        ("one", [sys.executable], ["model.sync_bn=true"]),
+        ("two_sync", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], ["model.sync_bn=true"]),
+        ("two_local", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], []),
+    ]:
         runs[name] = tmp_path / name
         finish(launch([*launcher, *train_args(synth, runs[name], *steps, *extra)]))
     losses = {name: [r["loss"] for r in train_records(path) if "val" not in r] for name, path in runs.items()}
@@ -196,10 +235,13 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     torch.manual_seed(0)  # train.seed: the initial weights
     from models import model_from_config
     from training.config import load_config
+
     start = model_from_config(load_config("crnn.yaml", ["model.hidden_size=32"]).model, 37).state_dict()
     one = stepped_weights(runs["one"] / "last.pt")
-    apart = {name: distance_over_travel(one, stepped_weights(runs[name] / "last.pt"), start)
-             for name in ("two_sync", "two_local")}
+    apart = {
+        name: distance_over_travel(one, stepped_weights(runs[name] / "last.pt"), start)
+        for name in ("two_sync", "two_local")
+    }
     print(f"first-step loss gap to one process: {first_gap}; weights apart / travelled after 6 steps: {apart}")
     assert first_gap["two_sync"] < 1e-5 < 1e-4 < first_gap["two_local"]
     assert apart["two_sync"] < 0.25 and apart["two_local"] > 4 * apart["two_sync"]
@@ -207,8 +249,11 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
 
 def test_another_config_in_a_used_run_folder_stops_every_rank_before_training(reference, synth):
     before = {path.name: path.stat().st_mtime_ns for path in reference.iterdir()}
-    output = finish(launch([*TORCHRUN, "--standalone", "--nproc_per_node=2",
-                            *train_args(synth, reference, "optim.lr=0.002")]), expect_success=False, timeout=120)
+    output = finish(
+        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, "optim.lr=0.002")]),
+        expect_success=False,
+        timeout=120,
+    )
     assert output.count("holds a run with another configuration:") == 2  # each rank, the same message
     assert "optim.lr: 0.001 -> 0.002" in output
     assert {path.name: path.stat().st_mtime_ns for path in reference.iterdir()} == before  # nothing touched

@@ -1,4 +1,5 @@
 """scripts/create_lmdb.py on a real folder of good and bad images, run as a real process."""
+
 from __future__ import annotations
 
 import subprocess
@@ -51,8 +52,9 @@ def test_writes_good_lines_and_reports_each_skip(tmp_path):
     out = tmp_path / "lmdb"
 
     alphabet = "abcdefghijklmnopqrstuvwxyzé0123456789 "
-    result = run_script("--images", str(root), "--gt", str(gt), "--out", str(out), "--check-alphabet", alphabet,
-                        cwd=tmp_path)
+    result = run_script(
+        "--images", str(root), "--gt", str(gt), "--out", str(out), "--check-alphabet", alphabet, cwd=tmp_path
+    )
 
     assert result.returncode == 0, result.stderr
     assert read_lmdb(out) == [(image_bytes, label) for _, image_bytes, label in good]
@@ -71,8 +73,9 @@ def test_writes_good_lines_and_reports_each_skip(tmp_path):
 
 
 def test_missing_gt_file_is_an_error(tmp_path):
-    result = run_script("--images", str(tmp_path), "--gt", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "db"),
-                        cwd=tmp_path)
+    result = run_script(
+        "--images", str(tmp_path), "--gt", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "db"), cwd=tmp_path
+    )
     assert result.returncode != 0
     assert "--gt" in result.stderr and "nope.txt" in result.stderr
     assert not (tmp_path / "db").exists()

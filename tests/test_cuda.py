@@ -7,6 +7,7 @@ Multi-process DDP on one GPU: NCCL refuses two processes on one device, so `devi
 joins them over gloo, which carries CUDA tensors through host memory (utils.distributed.
 process_group_backend). NCCL itself is run with one process per GPU, two where the machine has two.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,19 +22,37 @@ from conftest import REPO, read_lmdb, run_env
 
 from training.checkpoint import load_checkpoint
 
-pytestmark = [pytest.mark.cuda, pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU lane: tools/gpu_check.sh)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU lane: tools/gpu_check.sh)"),
+]
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
-def train(synth: Path, out_dir: Path, *overrides: str, processes: int = 1, env: dict | None = None
-          ) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-               f"train.out_dir={out_dir}", "train.batch_size=16", "train.log_every=1", "data.num_workers=1",
-               *overrides]
-    result = subprocess.run(command, cwd=REPO, env={**run_env(), **(env or {})}, capture_output=True, text=True,
-                            timeout=900)
+def train(
+    synth: Path, out_dir: Path, *overrides: str, processes: int = 1, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        "train.batch_size=16",
+        "train.log_every=1",
+        "data.num_workers=1",
+        *overrides,
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, env={**run_env(), **(env or {})}, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -54,15 +73,15 @@ def test_a_run_on_the_gpu_trains_and_its_checkpoint_loads_on_the_cpu(synth, tmp_
 
 @TWO_GPUS
 def test_two_processes_on_two_gpus_join_over_nccl_with_sync_batchnorm(synth, tmp_path):
-    result = train(synth, tmp_path / "run", "train.max_steps=6", "train.eval_every=6", "model.sync_bn=true",
-                   processes=2)
+    result = train(
+        synth, tmp_path / "run", "train.max_steps=6", "train.eval_every=6", "model.sync_bn=true", processes=2
+    )
     assert "2 process(es) on cuda" in result.stdout + result.stderr
     assert all(math.isfinite(loss) for loss in losses(tmp_path / "run"))
 
 
 def test_two_processes_share_one_gpu_over_gloo(synth, tmp_path):
-    result = train(synth, tmp_path / "run", "train.max_steps=6", "train.eval_every=6", "device_ids=[0,0]",
-                   processes=2)
+    result = train(synth, tmp_path / "run", "train.max_steps=6", "train.eval_every=6", "device_ids=[0,0]", processes=2)
     assert "2 process(es) on cuda" in result.stdout + result.stderr
     assert load_checkpoint(tmp_path / "run" / "last.pt")["world_size"] == 2
 
@@ -96,12 +115,31 @@ def test_a_resumed_run_on_the_gpu_continues_where_it_stopped(synth, tmp_path):
 
 
 def test_device_ids_pick_the_gpu_through_cuda_visible_devices(synth, tmp_path):
-    train(synth, tmp_path / "run", "train.max_steps=2", "train.eval_every=2", "device_ids=[0]",
-          env={"CUDA_VISIBLE_DEVICES": "0"})
-    missing = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                              f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / 'bad'}", "device_ids=[7]"],
-                             cwd=REPO, env={**run_env(), "CUDA_VISIBLE_DEVICES": "0"}, capture_output=True, text=True,
-                             timeout=300)
+    train(
+        synth,
+        tmp_path / "run",
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "device_ids=[0]",
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={tmp_path / 'bad'}",
+            "device_ids=[7]",
+        ],
+        cwd=REPO,
+        env={**run_env(), "CUDA_VISIBLE_DEVICES": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert missing.returncode != 0 and "device_ids=[7]: GPU(s) [7] do not exist; this node has 1" in missing.stderr
 
 
@@ -110,8 +148,10 @@ def test_batches_arrive_pinned_and_copy_without_blocking(synth):
     from training.config import load_config
     from utils.distributed import DistEnv
 
-    config = load_config("crnn.yaml", [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-                                       "data.num_workers=1", "train.batch_size=8"])
+    config = load_config(
+        "crnn.yaml",
+        [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]", "data.num_workers=1", "train.batch_size=8"],
+    )
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0), cpu_group=None)
     batch = next(iter(build_setup(config, env).loader))
     assert batch.images.is_pinned() and batch.targets.is_pinned()
@@ -127,19 +167,37 @@ def test_the_tools_read_the_same_on_cuda_as_on_the_cpu(tiny_run, synth, tmp_path
         (folder / f"{index}.png").write_bytes(image_bytes)
 
     def predict(device: str) -> list[str]:
-        result = subprocess.run([sys.executable, "scripts/predict.py", str(tiny_run / "best.pt"), str(folder),
-                                 "--device", device, "--precision", "fp32"], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "scripts/predict.py",
+                str(tiny_run / "best.pt"),
+                str(folder),
+                "--device",
+                device,
+                "--precision",
+                "fp32",
+            ],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         return [line.split("\t")[1] for line in result.stdout.splitlines()]
 
     assert predict("cuda:0") == predict("cpu")
 
     def evaluate(visible: str) -> str:
-        result = subprocess.run(["bash", "scripts/eval.sh", str(tiny_run / "best.pt"), str(synth / "val"),
-                                 "--precision", "fp32"], cwd=REPO,
-                                env={**run_env(), "CUDA_VISIBLE_DEVICES": visible}, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            ["bash", "scripts/eval.sh", str(tiny_run / "best.pt"), str(synth / "val"), "--precision", "fp32"],
+            cwd=REPO,
+            env={**run_env(), "CUDA_VISIBLE_DEVICES": visible},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         return next(line for line in result.stdout.splitlines() if line.startswith("val "))
 

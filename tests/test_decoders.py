@@ -1,4 +1,5 @@
 """Beam and lexicon decoding (evaluation/decoders.py) on hand-made frames, and through eval.sh and predict.py."""
+
 from __future__ import annotations
 
 import importlib
@@ -108,9 +109,27 @@ def test_eval_and_predict_read_with_the_decoder_asked_for(tiny_run, synth, tmp_p
     accuracy = {}
     for decoder in (["greedy"], ["beam"], ["lexicon", "--lexicon", str(lexicon)]):
         out = tmp_path / f"{decoder[0]}.json"
-        result = subprocess.run([sys.executable, "scripts/eval.py", str(checkpoint), str(tmp_path / "words"),
-                                 "--workers", "0", "--precision", "fp32", "--decoder", *decoder, "--json", str(out)],
-                                cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "scripts/eval.py",
+                str(checkpoint),
+                str(tmp_path / "words"),
+                "--workers",
+                "0",
+                "--precision",
+                "fp32",
+                "--decoder",
+                *decoder,
+                "--json",
+                str(out),
+            ],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].endswith(f"decoder {decoder[0]}")
         data = json.loads(out.read_text())
@@ -120,9 +139,25 @@ def test_eval_and_predict_read_with_the_decoder_asked_for(tiny_run, synth, tmp_p
     assert accuracy["lexicon"] >= accuracy["greedy"]
 
     paths = write_images(synth, tmp_path / "images", 3)
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(checkpoint), *map(str, paths), "--precision", "fp32",
-                             "--decoder", "lexicon", "--lexicon", str(lexicon)], cwd=REPO, env=run_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/predict.py",
+            str(checkpoint),
+            *map(str, paths),
+            "--precision",
+            "fp32",
+            "--decoder",
+            "lexicon",
+            "--lexicon",
+            str(lexicon),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     model, codec, _, preprocessing = load_model(checkpoint)
     decode, transform = build_decoder("lexicon", codec, lexicon), ImageTransform(preprocessing)
@@ -140,8 +175,10 @@ def test_a_missing_decode_extra_is_named_with_the_install_command(monkeypatch):
         return real_import(name)
 
     monkeypatch.setattr(importlib, "import_module", without_the_extra)
-    with pytest.raises(ImportError, match=r"--decoder beam needs fast_ctc_decoder; install it with: pip install -r "
-                                          r"requirements-decode.txt"):
+    with pytest.raises(
+        ImportError,
+        match=r"--decoder beam needs fast_ctc_decoder; install it with: pip install -r " r"requirements-decode.txt",
+    ):
         build_decoder("beam", CTCCodec("abc"))
 
 
@@ -153,10 +190,19 @@ def test_eval_and_predict_name_a_missing_extra_in_one_line(tiny_run, synth, tmp_
     (tmp_path / "fast_ctc_decoder" / "__init__.py").write_text("raise ImportError('not installed')\n")
     environment = {**run_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     image = write_images(synth, tmp_path / "images", 1)[0]
-    for command in (["scripts/eval.py", str(tiny_run / "last.pt"), str(synth / "val")],
-                    ["scripts/predict.py", str(tiny_run / "last.pt"), str(image)]):
-        result = subprocess.run([sys.executable, *command, "--decoder", "beam", "--precision", "fp32"], cwd=REPO,
-                                env=environment, capture_output=True, text=True, timeout=300)
+    for command in (
+        ["scripts/eval.py", str(tiny_run / "last.pt"), str(synth / "val")],
+        ["scripts/predict.py", str(tiny_run / "last.pt"), str(image)],
+    ):
+        result = subprocess.run(
+            [sys.executable, *command, "--decoder", "beam", "--precision", "fp32"],
+            cwd=REPO,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-        assert result.stderr.strip() == ("error: --decoder beam needs fast_ctc_decoder; install it with: "
-                                         "pip install -r requirements-decode.txt")
+        assert result.stderr.strip() == (
+            "error: --decoder beam needs fast_ctc_decoder; install it with: " "pip install -r requirements-decode.txt"
+        )

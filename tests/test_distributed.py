@@ -37,8 +37,14 @@ def test_threads_split_the_cores_between_local_processes(monkeypatch):
 def test_global_batch_must_divide_by_the_world_size(synth):
     """Fails on every rank before any process group exists (WORLD_SIZE as torchrun would set it)."""
     env = {**run_env(), "WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "test"}
-    result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", "train.batch_size=64"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config", "crnn.yaml", "train.batch_size=64"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert "train.batch_size=64" in result.stderr and "3 processes" in result.stderr
 
@@ -48,7 +54,9 @@ def test_device_ids_naming_a_missing_gpu_or_too_few_gpus_is_a_clear_error(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert pick_device(1, 2, [1, 0]) == torch.device("cuda", 0)
-    with pytest.raises(ValueError, match=r"device_ids=\[0, 5\]: GPU\(s\) \[5\] do not exist; this node has 2 \(0\.\.1\)"):
+    with pytest.raises(
+        ValueError, match=r"device_ids=\[0, 5\]: GPU\(s\) \[5\] do not exist; this node has 2 \(0\.\.1\)"
+    ):
         pick_device(0, 2, [0, 5])
     with pytest.raises(ValueError, match=r"device_ids=\[1\] lists 1 GPUs for 2 processes on this node"):
         pick_device(0, 2, [1])

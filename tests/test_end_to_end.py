@@ -1,5 +1,6 @@
 """The whole application as a user runs it: torchrun on 2 CPU processes (gloo), then the checkpoint
 in a fresh process, then scripts/eval.sh with 1 and 2 processes."""
+
 from __future__ import annotations
 
 import io
@@ -19,14 +20,23 @@ from utils.precision import cpu_has_native_bf16
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
-TRAIN_OVERRIDES = ["train.batch_size=8", "train.max_steps=4", "train.eval_every=2", "train.log_every=1",
-                   "train.eval_batch_size=8", "data.num_workers=1", "optim.warmup_steps=2", "train.precision=fp32",
-                   "data.augment=strong"]  # validation and eval.sh must not augment: they are compared below
+TRAIN_OVERRIDES = [
+    "train.batch_size=8",
+    "train.max_steps=4",
+    "train.eval_every=2",
+    "train.log_every=1",
+    "train.eval_batch_size=8",
+    "data.num_workers=1",
+    "optim.warmup_steps=2",
+    "train.precision=fp32",
+    "data.augment=strong",
+]  # validation and eval.sh must not augment: they are compared below
 
 
 def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
 
@@ -34,9 +44,22 @@ def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def ddp_run(synth, tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("runs") / "ddp"
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-         f"train.out_dir={out_dir}", *TRAIN_OVERRIDES])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *TRAIN_OVERRIDES,
+        ]
+    )
     return out_dir
 
 
@@ -60,9 +83,23 @@ def logged_losses(run_dir: Path) -> list[float]:
 
 def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "compiled"
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-         f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.compile=true"])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *TRAIN_OVERRIDES,
+            "train.compile=true",
+        ]
+    )
     compiled, eager = logged_losses(out_dir), logged_losses(ddp_run)
     # Step 1 runs both on the same weights: fused kernels only sum in another order. Later steps drift,
     # because Adam's first updates are about lr * sign(gradient), and the sign of a near-zero gradient
@@ -75,14 +112,30 @@ def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(dd
     assert checkpoint["model"].keys() == torch.load(ddp_run / "last.pt", weights_only=True)["model"].keys()
 
 
-@pytest.mark.skipif(not cpu_has_native_bf16(),
-                    reason="this CPU has no native bf16 (lscpu lists neither avx512_bf16 nor amx_bf16): bf16 is "
-                           "emulated there, several times slower than fp32")
+@pytest.mark.skipif(
+    not cpu_has_native_bf16(),
+    reason="this CPU has no native bf16 (lscpu lists neither avx512_bf16 nor amx_bf16): bf16 is "
+    "emulated there, several times slower than fp32",
+)
 def test_bf16_training_on_a_cpu_that_runs_it_natively(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "bf16"
-    output = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-                  "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-                  f"train.out_dir={out_dir}", *TRAIN_OVERRIDES, "train.precision=bf16"])
+    output = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *TRAIN_OVERRIDES,
+            "train.precision=bf16",
+        ]
+    )
     assert "precision bf16" in output.stdout + output.stderr
     bf16, fp32 = logged_losses(out_dir), logged_losses(ddp_run)
     # The same weights and batch: bf16's 8-bit mantissa moves the first loss by about 1e-2, not more.
@@ -116,14 +169,31 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
     results = {}
     for nproc in (1, 2):
         json_path = tmp_path / f"eval{nproc}.json"
-        output = run(["bash", "scripts/eval.sh", str(ddp_run / "best.pt"), str(synth / "val"), str(synth / "train"),
-                      "--json", str(json_path), "--batch-size", "5", "--precision", "fp32"], NPROC=str(nproc), PYTHON=sys.executable)
+        output = run(
+            [
+                "bash",
+                "scripts/eval.sh",
+                str(ddp_run / "best.pt"),
+                str(synth / "val"),
+                str(synth / "train"),
+                "--json",
+                str(json_path),
+                "--batch-size",
+                "5",
+                "--precision",
+                "fp32",
+            ],
+            NPROC=str(nproc),
+            PYTHON=sys.executable,
+        )
         table = output.stdout.split("\n\n")[0]  # not the accuracy-by-confidence table below it
         assert "combined (weighted by samples)" in table and table.count("val ") == 1
         results[nproc] = json.loads(json_path.read_text())
     noisy = {}  # confidences and losses carry float noise in their last digits; the rest is exact
     for nproc, result in results.items():
-        noisy[nproc] = [row.pop(key) for row in [*result["sets"], result["combined"]] for key in ("mean_confidence", "loss")]
+        noisy[nproc] = [
+            row.pop(key) for row in [*result["sets"], result["combined"]] for key in ("mean_confidence", "loss")
+        ]
     assert noisy[1] == pytest.approx(noisy[2], rel=1e-5)
     assert results[1] == results[2]
     sets = {row["name"]: row for row in results[1]["sets"]}
@@ -134,8 +204,19 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
 def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_path):
     """Both ranks evaluate with rank 0's BatchNorm statistics, i.e. the model in last.pt."""
     json_path = tmp_path / "last.json"
-    run(["bash", "scripts/eval.sh", str(ddp_run / "last.pt"), str(synth / "val"), "--json", str(json_path),
-         "--precision", "fp32"], PYTHON=sys.executable)
+    run(
+        [
+            "bash",
+            "scripts/eval.sh",
+            str(ddp_run / "last.pt"),
+            str(synth / "val"),
+            "--json",
+            str(json_path),
+            "--precision",
+            "fp32",
+        ],
+        PYTHON=sys.executable,
+    )
     [offline] = json.loads(json_path.read_text())["sets"]
     records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
     during = [r for r in records if "val" in r][-1]
@@ -147,29 +228,69 @@ def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_p
 
 def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "resumed"
-    output = run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                  f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", *TRAIN_OVERRIDES,
-                  "train.max_steps=6", f"train.resume={ddp_run / 'last.pt'}"])
+    output = run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *TRAIN_OVERRIDES,
+            "train.max_steps=6",
+            f"train.resume={ddp_run / 'last.pt'}",
+        ]
+    )
     assert "resumed from" in output.stdout + output.stderr
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["world_size"] == 1
 
 
 def test_resuming_from_weights_only_is_a_clear_error(ddp_run, synth, tmp_path):
-    result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                             f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / 'run'}", *TRAIN_OVERRIDES,
-                             f"train.resume={ddp_run / 'best.pt'}"],
-                            cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={tmp_path / 'run'}",
+            *TRAIN_OVERRIDES,
+            f"train.resume={ddp_run / 'best.pt'}",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1 and "holds weights only (best.pt?)" in result.stderr
 
 
 def test_resuming_with_another_alphabet_is_a_clear_error(ddp_run, synth, tmp_path):
     """Another order of the same characters too: the classifier's rows would mean other characters."""
     for number, alphabet in enumerate(("0123456789abcdefghijklmnopqrstuvwxy", "1023456789abcdefghijklmnopqrstuvwxyz")):
-        result = subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                                 f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / str(number)}", *TRAIN_OVERRIDES,
-                                 f"data.alphabet={alphabet}", f"train.resume={ddp_run / 'last.pt'}"],
-                                cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "train.py",
+                "--config",
+                "crnn.yaml",
+                f"data.train=[{synth / 'train'}]",
+                f"data.val=[{synth / 'val'}]",
+                f"train.out_dir={tmp_path / str(number)}",
+                *TRAIN_OVERRIDES,
+                f"data.alphabet={alphabet}",
+                f"train.resume={ddp_run / 'last.pt'}",
+            ],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 1
         assert f"error: train.resume: {ddp_run / 'last.pt'} was trained with another alphabet" in result.stderr
 
@@ -183,10 +304,29 @@ def test_ddp_training_survives_batches_emptied_by_undecodable_images(tmp_path):
     samples = [(image.getvalue(), "ab") if i in (3, 11) else (not_an_image, "cd") for i in range(16)]
     write_lmdb(tmp_path / "broken", samples)
     out_dir = tmp_path / "run"
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "--config", "crnn.yaml", f"data.train=[{tmp_path / 'broken'}]", f"data.val=[{tmp_path / 'broken'}]",
-         f"train.out_dir={out_dir}", "train.batch_size=4", "train.max_steps=6", "train.eval_every=6",
-         "train.log_every=6", "data.num_workers=0", "model.hidden_size=32"])
-    [record] = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' not in line]
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{tmp_path / 'broken'}]",
+            f"data.val=[{tmp_path / 'broken'}]",
+            f"train.out_dir={out_dir}",
+            "train.batch_size=4",
+            "train.max_steps=6",
+            "train.eval_every=6",
+            "train.log_every=6",
+            "data.num_workers=0",
+            "model.hidden_size=32",
+        ]
+    )
+    [record] = [
+        json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' not in line
+    ]
     assert record["undecodable_images"] > 12 and record["loss"] == record["loss"]  # counted; finite, not NaN
     assert torch.load(out_dir / "last.pt", weights_only=True)["step"] == 6

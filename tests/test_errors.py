@@ -3,6 +3,7 @@
 Real processes where the point is what a user sees (a one-line error, an exit code, a signal at
 start-up); the config checks in-process.
 """
+
 from __future__ import annotations
 
 import errno
@@ -25,19 +26,42 @@ from data.lmdb_writer import write_lmdb
 from tests.conftest import ALPHABET, REPO, run_env
 from tests.test_lmdb_dataset import edit_lmdb, png
 from training.checkpoint import save_checkpoint
+from training.config import ConfigError, load_config, validate
 from training.run_folder import check_run_folder, checkpoint_path, prepare_run_folder
 from training.run_log import RunLog
 from utils.cli import describe
-from training.config import ConfigError, load_config, validate
 
-TINY = ["train.batch_size=8", "train.log_every=1", "train.eval_every=2", "train.save_every=2", "data.num_workers=0",
-        "model.hidden_size=32", "train.precision=fp32", "train.tensorboard=false"]
+TINY = [
+    "train.batch_size=8",
+    "train.log_every=1",
+    "train.eval_every=2",
+    "train.save_every=2",
+    "data.num_workers=0",
+    "model.hidden_size=32",
+    "train.precision=fp32",
+    "train.tensorboard=false",
+]
 
 
 def train(synth: Path, out_dir: Path, *overrides: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                           f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", *TINY, *overrides],
-                          cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *TINY,
+            *overrides,
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -57,6 +81,7 @@ def holds_nothing(out_dir: Path) -> bool:
 
 # --- hangs -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def absurd_count_lmdb(tmp_path) -> Path:
     """Three good samples under a num-samples of 10**12."""
@@ -75,8 +100,14 @@ def test_a_num_samples_of_a_trillion_is_scanned_in_a_moment(absurd_count_lmdb):
 
 @pytest.mark.slow
 def test_inspect_lmdb_on_a_num_samples_of_a_trillion_finishes(absurd_count_lmdb):
-    result = subprocess.run([sys.executable, "scripts/inspect_lmdb.py", str(absurd_count_lmdb)], cwd=REPO,
-                            env=run_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "scripts/inspect_lmdb.py", str(absurd_count_lmdb)],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "no sample beyond index 3" in result.stdout and "scanned: samples 1 to 3 (all)" in result.stdout
 
@@ -88,10 +119,23 @@ def test_a_signal_during_start_up_ends_the_process_at_once(tmp_path, signum):
     big = tmp_path / "big"
     write_lmdb(big, ((b"x", "a") for _ in range(400_000)))
     out_dir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{big}]",
-                                f"data.val=[{big}]", f"train.out_dir={out_dir}", *TINY],
-                               cwd=REPO, env={**run_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{big}]",
+            f"data.val=[{big}]",
+            f"train.out_dir={out_dir}",
+            *TINY,
+        ],
+        cwd=REPO,
+        env={**run_env(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in process.stdout:  # the config is printed just before the data is read
         if line.startswith("config:"):
             break
@@ -109,12 +153,18 @@ def test_a_signal_during_start_up_ends_the_process_at_once(tmp_path, signum):
 
 # --- the run folder --------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(synth, tmp_path):
     out_dir = tmp_path / "run"
-    one_line_error(train(synth, out_dir, f"data.train=[{synth / 'trian'}]"), f"LMDB folder {synth / 'trian'} does not exist")
-    one_line_error(train(synth, out_dir, "data.img_height=16"), "data.img_height=16, data.img_width=128",
-                   "CRNN reads images 32 pixels high")
+    one_line_error(
+        train(synth, out_dir, f"data.train=[{synth / 'trian'}]"), f"LMDB folder {synth / 'trian'} does not exist"
+    )
+    one_line_error(
+        train(synth, out_dir, "data.img_height=16"),
+        "data.img_height=16, data.img_width=128",
+        "CRNN reads images 32 pixels high",
+    )
     assert holds_nothing(out_dir)
     result = train(synth, out_dir, "train.max_steps=2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -173,13 +223,16 @@ def test_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint_and_no_tempo
     monkeypatch.setattr(torch, "save", full)
     with pytest.raises(OSError) as raised:
         save_checkpoint(path, {"model": {"w": torch.zeros(1)}, "step": 4})
-    assert describe(raised.value) == (f"{path}: No space left on device; the disk is full: free space or write "
-                                      f"elsewhere (files already in place were left intact)")
+    assert describe(raised.value) == (
+        f"{path}: No space left on device; the disk is full: free space or write "
+        f"elsewhere (files already in place were left intact)"
+    )
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     assert torch.load(path, weights_only=True)["step"] == 2
 
 
 # --- crash leftovers -------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_torn_last_line_of_metrics_does_not_stop_the_resume(synth, tmp_path):
@@ -203,45 +256,61 @@ def test_the_log_keeps_every_readable_line_before_the_resume_step(tmp_path):
 
 # --- values that make no sense -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.min_lr_ratio=-1", r"optim.min_lr_ratio=-1.0: must be from 0 to 1"),
-    ("optim.min_lr_ratio=5", r"optim.min_lr_ratio=5.0: must be from 0 to 1"),
-    ("optim.warmup_steps=-5", r"optim.warmup_steps=-5: must be at least 0"),
-    ("data.img_height=0", r"data.img_height=0: must be at least 1"),
-    ("data.img_width=0", r"data.img_width=0: must be at least 1"),
-    ("optim.lr=nan", r"optim.lr=nan: must be a finite number, at least 1e-12"),
-    ("optim.lr=.inf", r"optim.lr=inf: must be a finite number, at least 1e-12"),
-    ("optim.lr=0", r"optim.lr=0.0: must be at least 1e-12"),
-    ("optim.grad_clip=-1", r"optim.grad_clip=-1.0: must be at least 0"),
-    ("optim.weight_decay=-0.1", r"optim.weight_decay=-0.1: must be from 0 to 1000"),
-    ("model.hidden_size=0", r"model.hidden_size=0: must be at least 1"),
-    ("model.channels=[32,64,0,128,256,256,256]", r"model.channels\[2\]=0: must be at least 1"),
-    ("train.seed=-1", r"train.seed=-1: must be from 0 to 4.29497e\+09"),
-    ("train.threads=-2", r"train.threads=-2: must be at least 0"),
-    ("data.std=[.nan]", r"data.std\[0\]=nan: must be a finite number, from 1e-06 to 1000"),
-    ("data.train_ratios=[-1]", r"data.train_ratios\[0\]=-1.0: must be at least 0"),
-])
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.min_lr_ratio=-1", r"optim.min_lr_ratio=-1.0: must be from 0 to 1"),
+        ("optim.min_lr_ratio=5", r"optim.min_lr_ratio=5.0: must be from 0 to 1"),
+        ("optim.warmup_steps=-5", r"optim.warmup_steps=-5: must be at least 0"),
+        ("data.img_height=0", r"data.img_height=0: must be at least 1"),
+        ("data.img_width=0", r"data.img_width=0: must be at least 1"),
+        ("optim.lr=nan", r"optim.lr=nan: must be a finite number, at least 1e-12"),
+        ("optim.lr=.inf", r"optim.lr=inf: must be a finite number, at least 1e-12"),
+        ("optim.lr=0", r"optim.lr=0.0: must be at least 1e-12"),
+        ("optim.grad_clip=-1", r"optim.grad_clip=-1.0: must be at least 0"),
+        ("optim.weight_decay=-0.1", r"optim.weight_decay=-0.1: must be from 0 to 1000"),
+        ("model.hidden_size=0", r"model.hidden_size=0: must be at least 1"),
+        ("model.channels=[32,64,0,128,256,256,256]", r"model.channels\[2\]=0: must be at least 1"),
+        ("train.seed=-1", r"train.seed=-1: must be from 0 to 4.29497e\+09"),
+        ("train.threads=-2", r"train.threads=-2: must be at least 0"),
+        ("data.std=[.nan]", r"data.std\[0\]=nan: must be a finite number, from 1e-06 to 1000"),
+        ("data.train_ratios=[-1]", r"data.train_ratios\[0\]=-1.0: must be at least 0"),
+    ],
+)
 def test_every_number_is_checked_against_its_range(override, message):
     with pytest.raises(ConfigError, match=message):
         validate(load_config("crnn.yaml", [override]))
 
 
-@pytest.mark.parametrize("height, width, message", [
-    (16, 128, "CRNN reads images 32 pixels high and at least 4 wide, got 16 x 128"),
-    (32, 1, "CRNN reads images 32 pixels high and at least 4 wide, got 32 x 1"),
-])
+@pytest.mark.parametrize(
+    "height, width, message",
+    [
+        (16, 128, "CRNN reads images 32 pixels high and at least 4 wide, got 16 x 128"),
+        (32, 1, "CRNN reads images 32 pixels high and at least 4 wide, got 32 x 1"),
+    ],
+)
 @pytest.mark.slow
 def test_a_size_the_model_cannot_read_names_both_keys(synth, tmp_path, height, width, message):
-    one_line_error(train(synth, tmp_path / "run", f"data.img_height={height}", f"data.img_width={width}"),
-                   f"data.img_height={height}, data.img_width={width}: {message}")
+    one_line_error(
+        train(synth, tmp_path / "run", f"data.img_height={height}", f"data.img_width={width}"),
+        f"data.img_height={height}, data.img_width={width}: {message}",
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("train:\n  batch_size: 8\noptim:\n  lr: 0.01\ntrain:\n  max_steps: 5\n",
-     r":5: 'train' is given twice in the same section \(first at line 1\)"),
-    ("data:\n  img_width: 100\n  alphabet: abc\n  img_width: 128\n",
-     r":4: 'img_width' is given twice in the same section \(first at line 2\)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "train:\n  batch_size: 8\noptim:\n  lr: 0.01\ntrain:\n  max_steps: 5\n",
+            r":5: 'train' is given twice in the same section \(first at line 1\)",
+        ),
+        (
+            "data:\n  img_width: 100\n  alphabet: abc\n  img_width: 128\n",
+            r":4: 'img_width' is given twice in the same section \(first at line 2\)",
+        ),
+    ],
+)
 def test_a_key_given_twice_in_a_yaml_file_is_an_error(tmp_path, text, message):
     path = tmp_path / "twice.yaml"
     path.write_text(text)
@@ -251,7 +320,7 @@ def test_a_key_given_twice_in_a_yaml_file_is_an_error(tmp_path, text, message):
 
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     path = tmp_path / "latin1.yaml"
-    path.write_bytes("data:\n  alphabet: \"caf\xe9\"\n".encode("latin-1"))
+    path.write_bytes('data:\n  alphabet: "caf\xe9"\n'.encode("latin-1"))
     with pytest.raises(ConfigError, match="latin1.yaml: not UTF-8 text"):
         load_config(str(path), [])
 
@@ -265,14 +334,18 @@ def test_an_alphabet_that_names_a_missing_file_is_an_error_not_eight_characters(
 
 # --- tracebacks where a sentence belongs -------------------------------------------------------------
 
+
 def test_a_data_mdb_that_is_not_an_lmdb_or_cannot_be_read_is_named(tmp_path, monkeypatch):
     folder = tmp_path / "garbage"
     folder.mkdir()
     (folder / "data.mdb").write_bytes(b"this is not an LMDB" * 100)
     with pytest.raises(ValueError, match=f"{folder / 'data.mdb'} is not a readable LMDB"):
         open_lmdb(folder)
-    with pytest.raises(FileNotFoundError, match=f"LMDB {folder / 'data.mdb'} is a file: an LMDB is a folder holding "
-                                                f"data.mdb; give its folder, {folder}"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=f"LMDB {folder / 'data.mdb'} is a file: an LMDB is a folder holding "
+        f"data.mdb; give its folder, {folder}",
+    ):
         open_lmdb(folder / "data.mdb")
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # root reads every file: pretend it may not
     with pytest.raises(PermissionError, match=f"{folder / 'data.mdb'}: no permission to read it"):
@@ -284,25 +357,36 @@ def test_training_on_a_folder_that_is_not_an_lmdb_is_one_line(synth, tmp_path):
     folder = tmp_path / "garbage"
     folder.mkdir()
     (folder / "data.mdb").write_bytes(b"")
-    one_line_error(train(synth, tmp_path / "run", f"data.train=[{folder}]"), f"{folder / 'data.mdb'} is not a readable LMDB")
+    one_line_error(
+        train(synth, tmp_path / "run", f"data.train=[{folder}]"), f"{folder / 'data.mdb'} is not a readable LMDB"
+    )
 
 
 @pytest.mark.slow
 def test_eval_sh_given_a_run_folder_names_the_checkpoint_inside(synth, tiny_run):
-    result = subprocess.run(["bash", "scripts/eval.sh", str(tiny_run), str(synth / "val")], cwd=REPO, env=run_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", "scripts/eval.sh", str(tiny_run), str(synth / "val")],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_line_error(result, f"checkpoint {tiny_run} is a folder; give a .pt file, e.g. {tiny_run / 'best.pt'}")
 
 
-@pytest.mark.parametrize("command", [
-    ["scripts/predict.py", "{run}", "{tmp}/gt.txt"],
-    ["scripts/export.py", "{run}", "--format", "pt2"],
-    ["scripts/inspect_lmdb.py", "{tmp}/missing"],
-    ["scripts/plot.py", "{tmp}/missing"],
-    ["scripts/create_lmdb.py", "--images", "{tmp}", "--gt", "{tmp}/gt.txt", "--out", "{tmp}"],
-    ["scripts/make_synthetic.py", "--out", "{tmp}/notes.txt", "--train", "2", "--val", "0", "--test", "0"],
-    ["train.py", "--config", "{tmp}/twice.yaml"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["scripts/predict.py", "{run}", "{tmp}/gt.txt"],
+        ["scripts/export.py", "{run}", "--format", "pt2"],
+        ["scripts/inspect_lmdb.py", "{tmp}/missing"],
+        ["scripts/plot.py", "{tmp}/missing"],
+        ["scripts/create_lmdb.py", "--images", "{tmp}", "--gt", "{tmp}/gt.txt", "--out", "{tmp}"],
+        ["scripts/make_synthetic.py", "--out", "{tmp}/notes.txt", "--train", "2", "--val", "0", "--test", "0"],
+        ["train.py", "--config", "{tmp}/twice.yaml"],
+    ],
+)
 @pytest.mark.slow
 def test_every_entry_point_reports_bad_input_in_one_line(synth, tiny_run, tmp_path, command):
     (tmp_path / "gt.txt").write_text("a.png\tabc\n")
@@ -310,12 +394,14 @@ def test_every_entry_point_reports_bad_input_in_one_line(synth, tiny_run, tmp_pa
     (tmp_path / "notes.txt" / "train").write_text("not an LMDB")
     (tmp_path / "twice.yaml").write_text("data:\n  img_width: 100\ndata:\n  img_width: 128\n")
     arguments = [part.format(run=tiny_run, tmp=tmp_path) for part in command]
-    result = subprocess.run([sys.executable, *arguments], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, *arguments], cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=120
+    )
     one_line_error(result)
 
 
 # --- data tools ---------------------------------------------------------------------------------------
+
 
 def test_create_lmdb_stores_an_image_listed_twice_once_and_refuses_two_labels(tmp_path):
     from PIL import Image
@@ -326,8 +412,12 @@ def test_create_lmdb_stores_an_image_listed_twice_once_and_refuses_two_labels(tm
         Image.new("RGB", (40, 16), color).save(root / name)
     (tmp_path / "gt.txt").write_text("a.png\tcat\n./a.png\tcat\nb.png\tdog\nsub/../b.png\tdog\n")
     script = [sys.executable, str(REPO / "scripts" / "create_lmdb.py"), "--images", str(root)]
-    result = subprocess.run([*script, "--gt", str(tmp_path / "gt.txt"), "--out", str(tmp_path / "lmdb")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*script, "--gt", str(tmp_path / "gt.txt"), "--out", str(tmp_path / "lmdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped 2: image listed again, with the same label (stored once)" in result.stdout
     assert "line 2: ./a.png (first at line 1)" in result.stdout
@@ -335,8 +425,12 @@ def test_create_lmdb_stores_an_image_listed_twice_once_and_refuses_two_labels(tm
         assert txn.get(b"num-samples") == b"2"
 
     (tmp_path / "conflict.txt").write_text("a.png\tcat\nb.png\tdog\n./a.png\tcar\n")
-    result = subprocess.run([*script, "--gt", str(tmp_path / "conflict.txt"), "--out", str(tmp_path / "other")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*script, "--gt", str(tmp_path / "conflict.txt"), "--out", str(tmp_path / "other")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_line_error(result, "gives 1 image(s) two different labels", "./a.png: line 1 says 'cat', line 3 says 'car'")
     assert not (tmp_path / "other").exists()
 

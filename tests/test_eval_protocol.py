@@ -1,6 +1,7 @@
 """The evaluation protocol of scripts/eval.sh: metric modes, benchmark names and order, counts of what
 was evaluated and dropped, --dump and --errors, and results that depend on neither the batch size nor
 the number of processes. Real LMDBs, a real (tiny) checkpoint, real torchrun processes."""
+
 from __future__ import annotations
 
 import csv
@@ -23,6 +24,7 @@ from training.checkpoint import load_model
 
 # Metric modes on hand-made examples ---------------------------------------------------------------
 
+
 def test_each_mode_compares_what_it_says():
     assert compared_form("Hello, World!", "benchmark", ALPHABET + "! ") == "helloworld"
     assert compared_form("Hello, World!", "exact", ALPHABET) == "Hello, World!"
@@ -40,8 +42,12 @@ def test_ignore_case_symbols_keeps_letters_of_any_script():
 
 def test_metrics_under_each_mode_on_hand_computed_examples():
     counts = new_counts()
-    update_counts(counts, ["Hello!", "wOrd", "abd", "中文", ""], ["hello", "word", "abcd", "中文!", "xy"],
-                  alphabet=ALPHABET + "中文")
+    update_counts(
+        counts,
+        ["Hello!", "wOrd", "abd", "中文", ""],
+        ["hello", "word", "abcd", "中文!", "xy"],
+        alphabet=ALPHABET + "中文",
+    )
     exact, ignore_case, symbols = (summarize(counts, mode) for mode in ("exact", "ignore_case", "ignore_case_symbols"))
     # correct: exact none; ignore_case "wOrd"; ignore_case_symbols also "Hello!" and "中文" (! dropped)
     assert [exact["accuracy"], ignore_case["accuracy"], symbols["accuracy"]] == [0 / 5, 1 / 5, 3 / 5]
@@ -78,16 +84,21 @@ def test_benchmark_mode_scores_a_symbol_emitting_model_as_dtrb_and_parseq_do():
 
 # Real runs of scripts/eval.sh ----------------------------------------------------------------------
 
+
 def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
 
 
 def eval_sh(*args: str, nproc: int = 1) -> str:
-    return run(["bash", "scripts/eval.sh", *map(str, args), "--workers", "0", "--precision", "fp32"], NPROC=str(nproc),
-               PYTHON=sys.executable).stdout
+    return run(
+        ["bash", "scripts/eval.sh", *map(str, args), "--workers", "0", "--precision", "fp32"],
+        NPROC=str(nproc),
+        PYTHON=sys.executable,
+    ).stdout
 
 
 def read_dump(path: Path) -> list[dict[str, str]]:
@@ -122,8 +133,10 @@ def benchmarks(synth, checkpoint, tmp_path_factory) -> Path:
     relabelled with the model's own reading, so that some predictions are correct."""
     out = tmp_path_factory.mktemp("benchmarks")
     samples = read_lmdb(synth / "val")
-    svt = [(image, reading if i % 2 == 0 and reading else label)
-           for i, ((image, label), reading) in enumerate(zip(samples[:17], readings(checkpoint, samples[:17])))]
+    svt = [
+        (image, reading if i % 2 == 0 and reading else label)
+        for i, ((image, label), reading) in enumerate(zip(samples[:17], readings(checkpoint, samples[:17])))
+    ]
     assert svt != samples[:17]
     write_lmdb(out / "SVT_647", svt + [(b"not an image", "cd"), (samples[0][0], "a!b")])
     write_lmdb(out / "iiit5k_3000", samples[17:])
@@ -138,11 +151,30 @@ def results(checkpoint, benchmarks, tmp_path_factory) -> dict[int, dict]:
     results = {}
     for nproc, batch_size in ((1, 7), (2, 5)):
         paths = {key: out / f"{key}{nproc}.{key}" for key in ("json", "tsv", "png")}
-        stdout = eval_sh(checkpoint, benchmarks / "mine", benchmarks / "SVT_647", benchmarks / "iiit5k_3000",
-                         "--batch-size", batch_size, "--json", paths["json"], "--dump", paths["tsv"],
-                         "--errors", paths["png"], "--errors-count", 5, nproc=nproc)
-        results[nproc] = {"stdout": stdout, "json": json.loads(paths["json"].read_text()),
-                          "dump": paths["tsv"].read_bytes(), "rows": read_dump(paths["tsv"]), "png": paths["png"]}
+        stdout = eval_sh(
+            checkpoint,
+            benchmarks / "mine",
+            benchmarks / "SVT_647",
+            benchmarks / "iiit5k_3000",
+            "--batch-size",
+            batch_size,
+            "--json",
+            paths["json"],
+            "--dump",
+            paths["tsv"],
+            "--errors",
+            paths["png"],
+            "--errors-count",
+            5,
+            nproc=nproc,
+        )
+        results[nproc] = {
+            "stdout": stdout,
+            "json": json.loads(paths["json"].read_text()),
+            "dump": paths["tsv"].read_bytes(),
+            "rows": read_dump(paths["tsv"]),
+            "png": paths["png"],
+        }
     return results
 
 
@@ -151,8 +183,15 @@ def test_benchmarks_get_their_names_and_order_and_counts(results):
     lines = results[1]["stdout"].split("\n\n")[0].splitlines()  # the table, not the one by confidence below it
     assert lines[0].startswith("metric mode benchmark:") and "[0-9a-z]" in lines[0]
     assert lines[0].endswith("decoder greedy")
-    rows = [line.rsplit(maxsplit=8) for line in lines if line.startswith(("IIIT5k_3000 ", "SVT ", "mine ", "combined "))]
-    assert [row[0] for row in rows] == ["IIIT5k_3000", "SVT", "mine", "combined (weighted by samples)"]  # benchmarks first
+    rows = [
+        line.rsplit(maxsplit=8) for line in lines if line.startswith(("IIIT5k_3000 ", "SVT ", "mine ", "combined "))
+    ]
+    assert [row[0] for row in rows] == [
+        "IIIT5k_3000",
+        "SVT",
+        "mine",
+        "combined (weighted by samples)",
+    ]  # benchmarks first
     assert [row[1:3] for row in rows] == [["16", "16"], ["18", "19"], ["5", "5"], ["39", "40"]]  # evaluated, in LMDB
     svt = lines.index(next(line for line in lines if line.startswith("SVT ")))
     assert lines[svt + 1].strip() == "1 of 19 not evaluated: 1 undecodable image"
@@ -169,13 +208,17 @@ def test_dump_has_every_sample_once_and_agrees_with_the_metrics(results):
     rows = results[1]["rows"]
     assert list(rows[0]) == ["set", "index", "label", "prediction", "confidence", "correct", "char_probs"]
     keys = [(row["set"], int(row["index"])) for row in rows]
-    expected = ([("IIIT5k_3000", i) for i in range(1, 17)] + [("SVT", i) for i in [*range(1, 18), 19]]
-                + [("mine", i) for i in range(1, 6)])
+    expected = (
+        [("IIIT5k_3000", i) for i in range(1, 17)]
+        + [("SVT", i) for i in [*range(1, 18), 19]]
+        + [("mine", i) for i in range(1, 6)]
+    )
     assert keys == expected  # set order, then LMDB index; SVT's undecodable sample 18 is absent
     assert rows[keys.index(("SVT", 19))]["label"] == "ab"  # "a!b" without the "!" the model cannot read
     for row in rows:
-        same = (compared_form(row["prediction"], "benchmark", ALPHABET)
-                == compared_form(row["label"], "benchmark", ALPHABET))
+        same = compared_form(row["prediction"], "benchmark", ALPHABET) == compared_form(
+            row["label"], "benchmark", ALPHABET
+        )
         assert row["correct"] == str(int(same))
         probs = [float(prob) for prob in row["char_probs"].split()]
         assert len(probs) == len(row["prediction"])
@@ -203,7 +246,7 @@ def test_accuracy_of_the_most_confident_readings_is_what_the_dump_shows(results)
     lines = results[1]["stdout"].splitlines()
     header = lines.index(next(line for line in lines if line.startswith("accuracy % of the most confident readings")))
     assert lines[header + 1].split() == ["set", "top", "50%", "top", "80%", "top", "95%", "all"]
-    assert [line.split()[0] for line in lines[header + 2:header + 6]] == ["IIIT5k_3000", "SVT", "mine", "combined"]
+    assert [line.split()[0] for line in lines[header + 2 : header + 6]] == ["IIIT5k_3000", "SVT", "mine", "combined"]
     assert list(results[1]["json"]["combined"]["accuracy_by_confidence"]) == ["50%", "80%", "95%"]
 
 
@@ -236,8 +279,14 @@ def test_bad_arguments_are_clear_errors_naming_the_file_or_option(checkpoint, be
     cases = [
         ([missing / "best.pt", lmdb], f"error: checkpoint {missing / 'best.pt'} does not exist"),
         ([checkpoint, lmdb, missing], f"error: LMDB folder {missing} does not exist"),
-        ([checkpoint, lmdb, "--dump", missing / "p.tsv"], f"error: --dump {missing / 'p.tsv'}: folder {missing} does not exist"),
-        ([checkpoint, lmdb, "--errors", tmp_path / "e.jpg"], f"error: --errors {tmp_path / 'e.jpg'}: the grid is written as"),
+        (
+            [checkpoint, lmdb, "--dump", missing / "p.tsv"],
+            f"error: --dump {missing / 'p.tsv'}: folder {missing} does not exist",
+        ),
+        (
+            [checkpoint, lmdb, "--errors", tmp_path / "e.jpg"],
+            f"error: --errors {tmp_path / 'e.jpg'}: the grid is written as",
+        ),
     ]
     # One process runs the script's __main__ once per case (the checks come before any evaluation):
     # sys.exit("error: ...") prints that message and exits with status 1.

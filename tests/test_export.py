@@ -1,5 +1,6 @@
 """scripts/export.py: ONNX and a torch.export program (.pt2) with a dynamic batch and width, checked against
 PyTorch; an int8 ONNX model for CPUs, gated on the accuracy it costs."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def checkpoint(tiny_run) -> Path:
 
 
 def export(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "export.py"), *args],
-                          env={**run_env(), **extra_env}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "export.py"), *args],
+        env={**run_env(), **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @torch.inference_mode()
@@ -36,7 +42,9 @@ def assert_matches_pytorch(run, checkpoint: Path, synth: Path) -> None:
     model, codec, config, _ = load_model(checkpoint, "cpu")
     images = [image_bytes for image_bytes, _ in read_lmdb(synth / "val")[:3]]
     for width in (100, 160):
-        batch = torch.stack([ImageTransform(Preprocessing(32, width))(image_bytes) for image_bytes in images])  # [3, 1, 32, W]
+        batch = torch.stack(
+            [ImageTransform(Preprocessing(32, width))(image_bytes) for image_bytes in images]
+        )  # [3, 1, 32, W]
         for size in (1, 3):
             expected, actual = model(batch[:size]), run(batch[:size])
             assert actual.shape == (size, width // 4 + 1, codec.num_classes)  # T = W/4 + 1
@@ -66,21 +74,39 @@ def test_onnx_export_checks_itself_on_rendered_images_and_runs_under_onnxruntime
 
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [axis for axis in session.get_inputs()[0].shape] == ["batch", 1, 32, "width"]
-    assert_matches_pytorch(lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0]),
-                           checkpoint, synth)
+    assert_matches_pytorch(
+        lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0]), checkpoint, synth
+    )
     described = json.loads(session.get_modelmeta().custom_metadata_map["crnn"])
     assert described["alphabet"] == "0123456789abcdefghijklmnopqrstuvwxyz"
-    assert described["preprocessing"] == {"height": 32, "width": WIDTH, "color": "L", "keep_aspect": False,
-                                          "interpolation": "bilinear", "mean": [0.5], "std": [0.5],
-                                          "padding": "replicate"}
+    assert described["preprocessing"] == {
+        "height": 32,
+        "width": WIDTH,
+        "color": "L",
+        "keep_aspect": False,
+        "interpolation": "bilinear",
+        "mean": [0.5],
+        "std": [0.5],
+        "padding": "replicate",
+    }
 
 
 @pytest.mark.slow
 def test_pt2_export_checks_itself_on_a_folder_and_an_lmdb(checkpoint, synth, tmp_path):
     write_images(synth, tmp_path / "images", 2)
     out = tmp_path / "exported" / "crnn.pt2"
-    result = export(str(checkpoint), "--format", "pt2", "--out", str(out),
-                    "--check", str(tmp_path / "images"), str(synth / "val"), "--check-limit", "4")
+    result = export(
+        str(checkpoint),
+        "--format",
+        "pt2",
+        "--out",
+        str(out),
+        "--check",
+        str(tmp_path / "images"),
+        str(synth / "val"),
+        "--check-limit",
+        "4",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"checking against PyTorch on images from {tmp_path / 'images'}, {synth / 'val'}" in result.stdout
     assert_passing_report(result.stdout, images=4, runs=6, sizes="1, 4")
@@ -102,7 +128,8 @@ def test_without_onnxruntime_the_onnx_check_is_skipped_with_a_message(checkpoint
     assert out.is_file()
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"
-        " (pip install -r requirements-export.txt)")
+        " (pip install -r requirements-export.txt)"
+    )
 
 
 @torch.inference_mode()
@@ -110,8 +137,9 @@ def test_the_check_fails_on_differing_logits_or_texts(checkpoint, synth):
     from scripts.export import check_batches, compare
 
     model, codec, _, preprocessing = load_model(checkpoint, "cpu")
-    batches = check_batches([(f"val{i}", image) for i, (image, _) in enumerate(read_lmdb(synth / "val")[:2])],
-                            preprocessing)
+    batches = check_batches(
+        [(f"val{i}", image) for i, (image, _) in enumerate(read_lmdb(synth / "val")[:2])], preprocessing
+    )
     assert compare(model, model, codec, batches, 1e-3)[-1] == "check passed"
     assert [images.shape[0] for _, images in batches] == [2, 2, 1, 1]
 
@@ -134,7 +162,8 @@ def test_the_check_fails_on_differing_logits_or_texts(checkpoint, synth):
         return model(images)
 
     assert compare(model, fixed_width, codec, batches, 1e-3) == [
-        f"check FAILED: the exported model failed on images (2, 1, 32, {2 * WIDTH}): cannot reshape to {{26,-1,64}}"]
+        f"check FAILED: the exported model failed on images (2, 1, 32, {2 * WIDTH}): cannot reshape to {{26,-1,64}}"
+    ]
 
 
 def readings_as_logits(texts: list[str], codec, frames: int) -> torch.Tensor:
@@ -157,18 +186,20 @@ def test_the_int8_comparison_counts_agreement_on_every_image_and_accuracy_on_the
     images = labelled_images([str(synth / "val"), str(tmp_path / "images")], ALPHABET, 40)
     assert [(name, label) for name, _, label in images] == (
         [(f"{synth / 'val'}#{index}", label) for index, label in enumerate(labels, start=1)]
-        + [(str(tmp_path / "images" / "val00.jpg"), None)])
+        + [(str(tmp_path / "images" / "val00.jpg"), None)]
+    )
 
     codec = CTCCodec(ALPHABET, fold_case=True)
     frames = 2 * max(map(len, labels)) + 2
 
     def reading(texts: list[str]):  # the images come in one batch, in order
-        return lambda batch: readings_as_logits(texts[:len(batch)], codec, frames)
+        return lambda batch: readings_as_logits(texts[: len(batch)], codec, frames)
 
     right = labels + ["anything"]
     two_misread = [labels[0] + "x", labels[1] + "x"] + labels[2:] + ["other"]
-    comparison = compare_int8(reading(right), reading(two_misread), codec, images, Preprocessing(32, WIDTH),
-                              "benchmark")
+    comparison = compare_int8(
+        reading(right), reading(two_misread), codec, images, Preprocessing(32, WIDTH), "benchmark"
+    )
     assert comparison == Int8Comparison(images=34, identical=31, scored=33, float_correct=33, int8_correct=31)
     assert comparison.accuracy_drop == pytest.approx(100 * 2 / 33)
 
@@ -178,24 +209,32 @@ def test_the_int8_gate_refuses_a_drop_above_the_threshold_and_without_labels_bou
 
     labelled = Int8Comparison(images=200, identical=194, scored=200, float_correct=180, int8_correct=177)
     lines, refusal = int8_report(labelled, "benchmark", 1.0)
-    assert lines == ["decoded texts identical to float's: 194 of 200 (97.00 %)",
-                     "word accuracy (benchmark) on 200 labelled images: float 90.00 %, int8 88.50 % (-1.50 points;"
-                     " --max-accuracy-drop 1)"]
-    assert refusal == ("word accuracy fell 1.50 points (float 90.00 %, int8 88.50 % on 200 labelled images), more than"
-                       " --max-accuracy-drop 1")
+    assert lines == [
+        "decoded texts identical to float's: 194 of 200 (97.00 %)",
+        "word accuracy (benchmark) on 200 labelled images: float 90.00 %, int8 88.50 % (-1.50 points;"
+        " --max-accuracy-drop 1)",
+    ]
+    assert refusal == (
+        "word accuracy fell 1.50 points (float 90.00 %, int8 88.50 % on 200 labelled images), more than"
+        " --max-accuracy-drop 1"
+    )
     assert int8_report(labelled, "benchmark", 1.5)[1] is None
 
     unlabelled = Int8Comparison(images=200, identical=197, scored=0, float_correct=0, int8_correct=0)
     assert int8_report(unlabelled, "benchmark", 1.0)[1] == (
-        "1.50 % of the texts differ from float's (no labels to measure accuracy), more than --max-accuracy-drop 1")
+        "1.50 % of the texts differ from float's (no labels to measure accuracy), more than --max-accuracy-drop 1"
+    )
     assert int8_report(unlabelled, "benchmark", 2.0)[1] is None
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--format", "pt2", "--int8", "dynamic"], "--int8 needs --format onnx"),
-    (["--format", "onnx", "--int8", "static"], "--int8 static needs --calibrate IMAGE|FOLDER|GLOB|LMDB"),
-    (["--format", "onnx", "--int8", "dynamic", "--calibrate", "train"], "--calibrate is for --int8 static"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--format", "pt2", "--int8", "dynamic"], "--int8 needs --format onnx"),
+        (["--format", "onnx", "--int8", "static"], "--int8 static needs --calibrate IMAGE|FOLDER|GLOB|LMDB"),
+        (["--format", "onnx", "--int8", "dynamic", "--calibrate", "train"], "--calibrate is for --int8 static"),
+    ],
+)
 def test_int8_options_that_do_not_fit_together_stop_before_anything_runs(options, message, monkeypatch, capsys):
     from scripts.export import parse_args
 
@@ -215,8 +254,18 @@ def op_types(path: Path) -> set[str]:
 def test_int8_dynamic_writes_an_integer_model_beside_the_float_one_and_times_both(checkpoint, synth, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     out = tmp_path / "crnn.onnx"
-    result = export(str(checkpoint), "--format", "onnx", "--out", str(out), "--int8", "dynamic",
-                    "--check", str(synth / "val"), "--speed")
+    result = export(
+        str(checkpoint),
+        "--format",
+        "onnx",
+        "--out",
+        str(out),
+        "--int8",
+        "dynamic",
+        "--check",
+        str(synth / "val"),
+        "--speed",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     int8 = tmp_path / "crnn.int8.onnx"
     lines = result.stdout.splitlines()
@@ -224,17 +273,22 @@ def test_int8_dynamic_writes_an_integer_model_beside_the_float_one_and_times_bot
     assert "quantized to int8 (dynamic) in " in result.stdout
     assert any(line.startswith("word accuracy (benchmark) on 33 labelled images: float ") for line in lines)
     for size in (1, 64):  # the figures themselves depend on the machine
-        assert any(line.startswith(f"  batch {size}: float ") and ", int8 " in line and line.endswith("x float")
-                   for line in lines)
+        assert any(
+            line.startswith(f"  batch {size}: float ") and ", int8 " in line and line.endswith("x float")
+            for line in lines
+        )
     assert any(line.startswith("  file size: float ") for line in lines)
 
     # The LSTM and the classifier read int8 weights; the convolutions stay float (see DYNAMIC_OP_TYPES).
     assert {"DynamicQuantizeLSTM", "MatMulInteger", "DynamicQuantizeLinear"} <= op_types(int8)
     assert not {"LSTM", "MatMul", "ConvInteger"} & op_types(int8)
-    float_session, int8_session = (onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-                                   for path in (out, int8))
-    assert int8_session.get_modelmeta().custom_metadata_map["crnn"] == (
-        float_session.get_modelmeta().custom_metadata_map["crnn"])
+    float_session, int8_session = (
+        onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (out, int8)
+    )
+    assert (
+        int8_session.get_modelmeta().custom_metadata_map["crnn"]
+        == (float_session.get_modelmeta().custom_metadata_map["crnn"])
+    )
     images = [image_bytes for image_bytes, _ in read_lmdb(synth / "val")[:3]]
     for width in (WIDTH, 2 * WIDTH):  # the batch and width stay free
         batch = torch.stack([ImageTransform(Preprocessing(32, width))(image) for image in images]).numpy()
@@ -249,13 +303,26 @@ def test_the_int8_gate_refuses_a_threshold_below_the_measured_drop_and_leaves_no
     pytest.importorskip("onnxruntime")
     out = tmp_path / "crnn.onnx"
     (tmp_path / "crnn.int8.onnx").write_bytes(b"an earlier export's")  # would pass for this model's
-    result = export(str(checkpoint), "--format", "onnx", "--out", str(out), "--int8", "dynamic",
-                    "--check", str(synth / "val"), "--max-accuracy-drop", "-1")
+    result = export(
+        str(checkpoint),
+        "--format",
+        "onnx",
+        "--out",
+        str(out),
+        "--int8",
+        "dynamic",
+        "--check",
+        str(synth / "val"),
+        "--max-accuracy-drop",
+        "-1",
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     refusal = result.stdout.splitlines()[-1]
     assert refusal.startswith("int8 check FAILED: word accuracy fell ")
-    assert refusal.endswith("on 33 labelled images), more than --max-accuracy-drop -1; no int8 file written (raise"
-                            " --max-accuracy-drop to accept it)")
+    assert refusal.endswith(
+        "on 33 labelled images), more than --max-accuracy-drop -1; no int8 file written (raise"
+        " --max-accuracy-drop to accept it)"
+    )
     assert [path.name for path in tmp_path.iterdir()] == ["crnn.onnx"]  # no int8 file, no temporary folder
 
 
@@ -263,8 +330,19 @@ def test_the_int8_gate_refuses_a_threshold_below_the_measured_drop_and_leaves_no
 def test_int8_static_calibrates_the_convolutions_which_onnxruntime_then_runs_in_int8(checkpoint, synth, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     out = tmp_path / "crnn.onnx"
-    result = export(str(checkpoint), "--format", "onnx", "--out", str(out), "--int8", "static",
-                    "--calibrate", str(synth / "train"), "--check", str(synth / "val"))
+    result = export(
+        str(checkpoint),
+        "--format",
+        "onnx",
+        "--out",
+        str(out),
+        "--int8",
+        "static",
+        "--calibrate",
+        str(synth / "train"),
+        "--check",
+        str(synth / "val"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     int8 = tmp_path / "crnn.int8.onnx"
     assert "quantized to int8 (static, calibrated on 96 images) in " in result.stdout

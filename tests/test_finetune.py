@@ -1,6 +1,7 @@
 """configs/finetune_real.yaml: a trained checkpoint fine-tuned on "real" crops whose labels carry
 punctuation, half of each batch synthetic. The real crops here are generated ones relabelled the way
 real datasets are labelled (capitals, marks, symbols), so the test needs no real images."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,15 +14,20 @@ from data.lmdb_writer import write_lmdb
 from tests.conftest import REPO, read_lmdb, run_env
 
 # How real datasets write labels the 36-character alphabet cannot hold all of.
-RELABEL = (lambda label: label, lambda label: label.upper() + "!", lambda label: f'"{label}"',
-           lambda label: "$" + label)
+RELABEL = (
+    lambda label: label,
+    lambda label: label.upper() + "!",
+    lambda label: f'"{label}"',
+    lambda label: "$" + label,
+)
 
 
 @pytest.fixture(scope="module")
 def real_like(synth, tmp_path_factory):
     folder = tmp_path_factory.mktemp("real")
-    samples = [(image, RELABEL[index % len(RELABEL)](label))
-               for index, (image, label) in enumerate(read_lmdb(synth / "val"))]
+    samples = [
+        (image, RELABEL[index % len(RELABEL)](label)) for index, (image, label) in enumerate(read_lmdb(synth / "val"))
+    ]
     write_lmdb(folder / "train", samples[:24])
     write_lmdb(folder / "val", samples[24:])
     return folder
@@ -29,11 +35,30 @@ def real_like(synth, tmp_path_factory):
 
 def finetune(tiny_run, synth, real_like, out_dir, *overrides: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "train.py", "--config", "finetune_real.yaml", f"train.init_from={tiny_run / 'best.pt'}",
-         f"data.train=[{real_like / 'train'},{synth / 'train'}]", f"data.val=[{real_like / 'val'}]",
-         f"train.out_dir={out_dir}", "model.hidden_size=32", "train.max_steps=4", "train.eval_every=4",
-         "train.log_every=4", "train.batch_size=8", "data.num_workers=0", "train.precision=fp32", *overrides],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "finetune_real.yaml",
+            f"train.init_from={tiny_run / 'best.pt'}",
+            f"data.train=[{real_like / 'train'},{synth / 'train'}]",
+            f"data.val=[{real_like / 'val'}]",
+            f"train.out_dir={out_dir}",
+            "model.hidden_size=32",
+            "train.max_steps=4",
+            "train.eval_every=4",
+            "train.log_every=4",
+            "train.batch_size=8",
+            "data.num_workers=0",
+            "train.precision=fp32",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

@@ -4,6 +4,7 @@ the run left on disk that the change took effect.
 
 A new row's test is a few lines: change the copy through `fork.root`, then `fork.train(...)`.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,17 @@ from training.checkpoint import classifier_keys
 pytestmark = pytest.mark.slow  # each test starts the project's commands in a copy of it
 
 # A run that only has to start, train and save: three steps of a small model on one thread.
-SMALL_RUN = ("train.max_steps=3", "train.batch_size=8", "train.eval_every=3", "train.log_every=3",
-             "model.hidden_size=32", "data.num_workers=0", "train.precision=fp32", "train.threads=1",
-             "train.tensorboard=false")
+SMALL_RUN = (
+    "train.max_steps=3",
+    "train.batch_size=8",
+    "train.eval_every=3",
+    "train.log_every=3",
+    "model.hidden_size=32",
+    "data.num_workers=0",
+    "train.precision=fp32",
+    "train.threads=1",
+    "train.tensorboard=false",
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +46,9 @@ class Fork:
     def run(self, script: str, *arguments: str) -> subprocess.CompletedProcess[str]:
         """`python SCRIPT ARGUMENTS` in the copy, importing the copy's code; its stdout and stderr shown if it fails."""
         env = {**run_env(), "PYTHONPATH": str(self.root)}
-        result = subprocess.run([sys.executable, script, *arguments], cwd=self.root, env=env, capture_output=True,
-                                text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, script, *arguments], cwd=self.root, env=env, capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
         return result
 
@@ -61,8 +71,11 @@ def metrics(run_folder: Path) -> list[dict]:
 def fork(tmp_path) -> Fork:
     """The repository as a fresh clone has it: what .gitignore leaves out (datasets, runs, the venv,
     caches) and git's own folder are not copied."""
-    ignored = [line.strip().rstrip("/") for line in (REPO / ".gitignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip().rstrip("/")
+        for line in (REPO / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     root = tmp_path / "fork"
     shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(".git", ".ruff_cache", *ignored))
     return Fork(root)
@@ -74,13 +87,28 @@ def test_a_new_alphabet_file_generates_data_and_trains_a_model_that_reads_it(for
     (fork.root / "configs" / "alphabets" / "mine.txt").write_text("\n".join(alphabet) + "\n", encoding="utf-8")
     # Numbers and random strings only (--no-words): every character is as likely, so a few samples hold
     # the accented letters, which English words seldom have.
-    fork.run("scripts/make_synthetic.py", "--out", "datasets/mine", "--train", "48", "--val", "16", "--test", "0",
-             "--workers", "1", "--no-words", "--alphabet", "configs/alphabets/mine.txt")
+    fork.run(
+        "scripts/make_synthetic.py",
+        "--out",
+        "datasets/mine",
+        "--train",
+        "48",
+        "--val",
+        "16",
+        "--test",
+        "0",
+        "--workers",
+        "1",
+        "--no-words",
+        "--alphabet",
+        "configs/alphabets/mine.txt",
+    )
     val_labels = [label for _, label in read_lmdb(fork.root / "datasets" / "mine" / "val")]
     assert set("".join(val_labels)) & set("éüñß")  # the generator drew characters only the new alphabet has
 
-    run = fork.train("data.alphabet=configs/alphabets/mine.txt", "data.fold_case=false",
-                     *trained_on(Path("datasets/mine")))
+    run = fork.train(
+        "data.alphabet=configs/alphabets/mine.txt", "data.fold_case=false", *trained_on(Path("datasets/mine"))
+    )
     checkpoint = torch.load(run / "best.pt", weights_only=True)
     assert checkpoint["alphabet"] == alphabet
     assert classifier_keys(checkpoint["model"], len(alphabet) + 1)  # one output row per character, and the blank
@@ -95,8 +123,15 @@ def test_a_new_dataset_made_from_image_files_is_what_training_reads(fork, synth)
         images = write_images(synth, images_root / split, count=count, start=start)
         gt_lines = [f"{split}/{image.name}\t{labels[start + i]}" for i, image in enumerate(images)]
         (images_root / f"{split}.txt").write_text("\n".join(gt_lines) + "\n", encoding="utf-8")
-        fork.run("scripts/create_lmdb.py", "--images", "my_images", "--gt", f"my_images/{split}.txt",
-                 "--out", f"datasets/mine/{split}")
+        fork.run(
+            "scripts/create_lmdb.py",
+            "--images",
+            "my_images",
+            "--gt",
+            f"my_images/{split}.txt",
+            "--out",
+            f"datasets/mine/{split}",
+        )
         stored = read_lmdb(fork.root / "datasets" / "mine" / split)
         assert stored == [(image.read_bytes(), labels[start + i]) for i, image in enumerate(images)]
 
@@ -161,13 +196,25 @@ def add_entry(path: Path, table_start: str, entry: str) -> None:
 
 def test_a_new_optimizer_and_schedule_are_one_entry_each(fork, synth):
     optim = fork.root / "training" / "optim.py"
-    add_entry(optim, "OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.optim.Optimizer]] = {",
-              '    "sgd": lambda parameters, optim: torch.optim.SGD(parameters, lr=optim.lr, momentum=0.9),')
-    add_entry(optim, "SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {",
-              '    "step": lambda progress, optim: 1.0 if progress < 0.5 else 0.1,')
+    add_entry(
+        optim,
+        "OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.optim.Optimizer]] = {",
+        '    "sgd": lambda parameters, optim: torch.optim.SGD(parameters, lr=optim.lr, momentum=0.9),',
+    )
+    add_entry(
+        optim,
+        "SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {",
+        '    "step": lambda progress, optim: 1.0 if progress < 0.5 else 0.1,',
+    )
 
-    run = fork.train(*trained_on(synth), "optim.name=sgd", "optim.schedule=step", "optim.warmup_steps=0",
-                     "optim.lr=0.01", "train.save_every=3")
+    run = fork.train(
+        *trained_on(synth),
+        "optim.name=sgd",
+        "optim.schedule=step",
+        "optim.warmup_steps=0",
+        "optim.lr=0.01",
+        "train.save_every=3",
+    )
     checkpoint = torch.load(run / "last.pt", weights_only=True)
     assert checkpoint["config"]["optim"]["name"] == "sgd"
     group = checkpoint["optimizer"]["param_groups"][0]
@@ -180,9 +227,12 @@ def test_a_new_optimizer_and_schedule_are_one_entry_each(fork, synth):
 
 def test_a_new_augmentation_is_one_entry_and_its_config_key_comes_with_it(fork, synth):
     # Erase a patch of every image: a run with it trains on other pixels than one without.
-    add_entry(fork.root / "data" / "augment.py", "AUGMENTATIONS = (",
-              '    AugmentationStep("erase", probability={"none": 0.0, "light": 0.1, "strong": 0.2},\n'
-              '                     build=lambda strength, fill, p: v2.RandomErasing(p=p, value=0)),')
+    add_entry(
+        fork.root / "data" / "augment.py",
+        "AUGMENTATIONS = (",
+        '    AugmentationStep("erase", probability={"none": 0.0, "light": 0.1, "strong": 0.2},\n'
+        "                     build=lambda strength, fill, p: v2.RandomErasing(p=p, value=0)),",
+    )
     plain = fork.train(*trained_on(synth), "data.augment=none", out_dir="runs/plain")
     erased = fork.train(*trained_on(synth), "data.augment=none", "augment.erase=1.0", out_dir="runs/erased")
 

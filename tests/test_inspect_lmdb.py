@@ -1,4 +1,5 @@
 """scripts/inspect_lmdb.py on a small LMDB with one of each problem, run as a user runs it."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +32,15 @@ def broken_lmdb(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lmdb") / "broken"
     env = lmdb.open(str(root), map_size=1 << 24)
     with env.begin(write=True) as txn:
-        samples = {1: (encoded(100), "abc"), 2: (b"not an image", "def"), 3: (encoded(64), "ab#"),
-                   4: (None, "ghi"), 5: (encoded(120, "JPEG"), "hello"), 6: (encoded(80, "JPEG")[:-400], "cut"),
-                   7: (encoded(90), "xyz")}
+        samples = {
+            1: (encoded(100), "abc"),
+            2: (b"not an image", "def"),
+            3: (encoded(64), "ab#"),
+            4: (None, "ghi"),
+            5: (encoded(120, "JPEG"), "hello"),
+            6: (encoded(80, "JPEG")[:-400], "cut"),
+            7: (encoded(90), "xyz"),
+        }
         for index, (image_bytes, label) in samples.items():
             if image_bytes is not None:
                 txn.put(b"image-%09d" % index, image_bytes)
@@ -45,15 +52,17 @@ def broken_lmdb(tmp_path_factory) -> Path:
 
 
 def inspect(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env=run_env())
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120, env=run_env()
+    )
 
 
 def test_reports_each_problem_and_writes_a_montage(broken_lmdb, tmp_path):
     before = hashlib.sha256((broken_lmdb / "data.mdb").read_bytes()).hexdigest()
     montage = tmp_path / "montage.png"
-    result = inspect(broken_lmdb, "--alphabet", "0123456789abcdefghijklmnopqrstuvwxyz", "--montage", montage,
-                     "--samples", "4")
+    result = inspect(
+        broken_lmdb, "--alphabet", "0123456789abcdefghijklmnopqrstuvwxyz", "--montage", montage, "--samples", "4"
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "num-samples: 7" in out
@@ -99,5 +108,7 @@ def test_labels_are_counted_as_training_reads_them_unicode_form_and_case(tmp_pat
         txn.put(b"num-samples", b"3")
     result = inspect(root, "--alphabet", "abcdefghijklmnopqrstuvwxyzé", "--fold-case")
     assert result.returncode == 0, result.stderr
-    assert "characters outside the alphabet (27 characters from abcdefghijklmnopqrstuvwxyzé): 0 distinct" in result.stdout
+    assert (
+        "characters outside the alphabet (27 characters from abcdefghijklmnopqrstuvwxyzé): 0 distinct" in result.stdout
+    )
     assert "min 3, median 4, max 4" in result.stdout  # `café` is 4 characters, as training counts them

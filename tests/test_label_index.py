@@ -1,5 +1,6 @@
 """The usable-sample index's cache: hit, miss, stale after a change, one builder among many, a
 read-only dataset folder, a cache folder that cannot be written, an entry cut short."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -52,8 +53,11 @@ def test_the_cache_gives_what_an_uncached_scan_gives(synth, tmp_path):
 def test_other_scan_settings_are_other_entries(dataset, tmp_path):
     cache = tmp_path / "cache"
     usable_samples(dataset, CODEC, 26, cache_dir=cache)
-    for codec, frames in ((CTCCodec(ALPHABET, fold_case=True), 4), (CTCCodec("0123456789"), 26),
-                          (CTCCodec(ALPHABET, fold_case=False), 26)):
+    for codec, frames in (
+        (CTCCodec(ALPHABET, fold_case=True), 4),
+        (CTCCodec("0123456789"), 26),
+        (CTCCodec(ALPHABET, fold_case=False), 26),
+    ):
         kept, report = usable_samples(dataset, codec, frames, cache_dir=cache)
         assert report.source.startswith("labels scanned"), (codec.alphabet, frames)
         assert kept.tolist() == usable_samples(dataset, codec, frames)[0].tolist()
@@ -89,8 +93,10 @@ def test_processes_starting_together_scan_once_and_the_others_wait_for_it(datase
     monkeypatch.setattr(label_index, "scan_labels", slow_scan)
     context = multiprocessing.get_context("fork")  # the children inherit the slow scan
     barrier, results = context.Barrier(4), context.Queue()
-    workers = [context.Process(target=_open_at_once, args=(barrier, results, str(dataset), str(tmp_path / "cache")))
-               for _ in range(4)]
+    workers = [
+        context.Process(target=_open_at_once, args=(barrier, results, str(dataset), str(tmp_path / "cache")))
+        for _ in range(4)
+    ]
     for worker in workers:
         worker.start()
     answers = [results.get(timeout=60) for _ in workers]
@@ -148,11 +154,33 @@ def test_a_restarted_ddp_run_reads_its_index_from_the_cache(synth, dataset, tmp_
     cache = tmp_path / "cache"
 
     def train(out_dir: Path) -> str:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        "train.py", "--config", "crnn.yaml", f"data.train=[{dataset}]", f"data.val=[{synth / 'val'}]",
-                        f"data.index_cache={cache}", f"train.out_dir={out_dir}", "train.max_steps=1",
-                        "train.batch_size=8", "data.num_workers=0", "model.hidden_size=32", "train.precision=fp32"],
-                              cwd=REPO, env=run_env(), check=True, capture_output=True, text=True, timeout=300).stdout
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "train.py",
+                "--config",
+                "crnn.yaml",
+                f"data.train=[{dataset}]",
+                f"data.val=[{synth / 'val'}]",
+                f"data.index_cache={cache}",
+                f"train.out_dir={out_dir}",
+                "train.max_steps=1",
+                "train.batch_size=8",
+                "data.num_workers=0",
+                "model.hidden_size=32",
+                "train.precision=fp32",
+            ],
+            cwd=REPO,
+            env=run_env(),
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
 
     # The first run's two processes build the two entries (data.train, data.val) between them, each
     # built by whichever came first; the restart reads both.

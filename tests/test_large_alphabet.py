@@ -4,6 +4,7 @@ This machine's fonts are DejaVu only, so the alphabet trained here is configs/al
 latin_greek_cyrillic.txt (367 characters DejaVu has); the CJK alphabet of configs/cjk.yaml is only
 loaded, and its hanzi checked to be reported as undrawable when the system has no CJK font.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -43,8 +44,12 @@ def test_each_text_is_drawn_with_a_font_that_has_all_its_characters():
     alphabet = "abǅب中"
     plan = plan_fonts(pair, alphabet, (), folds_case(alphabet))
     serif, mono = plan.train
-    if not ("ǅ" in serif.characters and "ب" not in serif.characters and "ب" in mono.characters
-            and "ǅ" not in mono.characters):
+    if not (
+        "ǅ" in serif.characters
+        and "ب" not in serif.characters
+        and "ب" in mono.characters
+        and "ǅ" not in mono.characters
+    ):
         pytest.skip("these DejaVu versions do not split the coverage as this test needs")
     assert plan.missing == "中" and plan.alphabet == "abǅب"
     render_plan = RenderPlan(plan, TextSampler(plan.alphabet, (), 8))
@@ -59,9 +64,28 @@ def test_each_text_is_drawn_with_a_font_that_has_all_its_characters():
 def test_generator_reports_characters_no_font_has(tmp_path):
     alphabet_file = tmp_path / "mixed.txt"
     alphabet_file.write_text("\n".join("abcdefghij中文") + "\n", encoding="utf-8")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "synth"), "--train", "20",
-                             "--val", "4", "--test", "0", "--workers", "1", "--alphabet", str(alphabet_file)],
-                            capture_output=True, text=True, timeout=120, env=run_env())
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(tmp_path / "synth"),
+            "--train",
+            "20",
+            "--val",
+            "4",
+            "--test",
+            "0",
+            "--workers",
+            "1",
+            "--alphabet",
+            str(alphabet_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=run_env(),
+    )
     assert result.returncode == 0, result.stderr
     labels = "".join(label for _, label in read_lmdb(tmp_path / "synth" / "train"))
     if "are in no font" in result.stdout:  # this machine has no CJK font
@@ -75,19 +99,52 @@ def test_generator_reports_characters_no_font_has(tmp_path):
 @pytest.mark.slow
 def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
     data = tmp_path / "data"
-    generated = subprocess.run([sys.executable, str(SCRIPT), "--out", str(data), "--train", "48", "--val", "16",
-                                "--test", "0", "--workers", "1", "--alphabet", LATIN_GREEK_CYRILLIC],
-                               cwd=REPO, capture_output=True, text=True, timeout=120, env=run_env())
+    generated = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(data),
+            "--train",
+            "48",
+            "--val",
+            "16",
+            "--test",
+            "0",
+            "--workers",
+            "1",
+            "--alphabet",
+            LATIN_GREEK_CYRILLIC,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=run_env(),
+    )
     assert generated.returncode == 0, generated.stderr
     labels = "".join(label for _, label in read_lmdb(data / "train"))
-    assert set(labels) - set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"), \
-        "the samples should hold Greek, Cyrillic or accented letters"
+    assert set(labels) - set(
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    ), "the samples should hold Greek, Cyrillic or accented letters"
 
     run = tmp_path / "run"
-    command = [sys.executable, "train.py", "--config", "configs/cjk.yaml", f"data.alphabet={LATIN_GREEK_CYRILLIC}",
-               f"data.train=[{data / 'train'}]", f"data.val=[{data / 'val'}]", f"train.out_dir={run}",
-               "train.max_steps=3", "train.batch_size=8", "model.hidden_size=32", "data.num_workers=0",
-               "train.precision=fp32", "train.eval_every=3"]
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "configs/cjk.yaml",
+        f"data.alphabet={LATIN_GREEK_CYRILLIC}",
+        f"data.train=[{data / 'train'}]",
+        f"data.val=[{data / 'val'}]",
+        f"train.out_dir={run}",
+        "train.max_steps=3",
+        "train.batch_size=8",
+        "model.hidden_size=32",
+        "data.num_workers=0",
+        "train.precision=fp32",
+        "train.eval_every=3",
+    ]
     trained = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=run_env())
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     output = trained.stdout + trained.stderr
@@ -99,7 +156,8 @@ def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
     [weight, _] = classifier_keys(checkpoint["model"], len(alphabet) + 1)
     assert checkpoint["model"][weight].shape == (len(alphabet) + 1, 64)  # [num_classes, 2 * hidden_size]
 
-    plotted = subprocess.run([sys.executable, str(REPO / "scripts" / "plot.py"), str(run)], capture_output=True,
-                             text=True, timeout=60)
+    plotted = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "plot.py"), str(run)], capture_output=True, text=True, timeout=60
+    )
     assert plotted.returncode == 0, plotted.stderr
     assert (run / "curves.png").is_file()

@@ -43,13 +43,13 @@ def edit_lmdb(path, put: dict[bytes, bytes] | None = None, delete: list[bytes] =
 def messy_lmdb(tmp_path):
     samples = [
         (png(), "hello"),
-        (png(), "WORLD"),               # folded to lowercase: kept
-        (png(), ""),                    # empty label
-        (png(), "héllo"),               # é is outside the alphabet
-        (png(), "a" * 14),              # 14 + 13 repeats = 27 frames > 26
-        (png(), "b" * 13),              # 13 + 12 repeats = 25 frames: fits
+        (png(), "WORLD"),  # folded to lowercase: kept
+        (png(), ""),  # empty label
+        (png(), "héllo"),  # é is outside the alphabet
+        (png(), "a" * 14),  # 14 + 13 repeats = 27 frames > 26
+        (png(), "b" * 13),  # 13 + 12 repeats = 25 frames: fits
         (b"not an image at all", "broken"),  # kept by the label filter, dropped when decoded
-        (png(), "x" * 26),              # 26 + 25 repeats: too long
+        (png(), "x" * 26),  # 26 + 25 repeats: too long
     ]
     path = tmp_path / "messy"
     write_lmdb(path, samples)
@@ -80,8 +80,13 @@ def test_undecodable_images_are_dropped_from_the_batch_and_counted(messy_lmdb):
 @pytest.mark.slow
 def test_reading_with_two_spawned_workers(messy_lmdb):
     dataset = LmdbDataset(messy_lmdb, CTCCodec(ALPHABET, fold_case=True), 26, transform())
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn",
-                        collate_fn=CollateBatch(dataset.codec, (1, 32, 100)))
+    loader = DataLoader(
+        dataset,
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=CollateBatch(dataset.codec, (1, 32, 100)),
+    )
     batches = list(loader)
     assert [label for batch in batches for label in batch.labels] == ["hello", "world", "b" * 13]
     assert sum(batch.num_dropped for batch in batches) == 1
@@ -127,9 +132,14 @@ def test_missing_folder_and_bad_lmdbs_are_named(tmp_path):
         LmdbDataset(tmp_path / "nocount", codec, 26, transform())
 
 
-@pytest.mark.parametrize("value, message", [(b"twelve", r"'num-samples' is b'twelve', not an integer"),
-                                            (b"", r"'num-samples' is b'', not an integer"),
-                                            (b"-3", r"'num-samples' is -3; it must count the samples")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (b"twelve", r"'num-samples' is b'twelve', not an integer"),
+        (b"", r"'num-samples' is b'', not an integer"),
+        (b"-3", r"'num-samples' is -3; it must count the samples"),
+    ],
+)
 def test_a_num_samples_that_is_not_a_count_is_named_with_the_folder(tmp_path, value, message):
     write_lmdb(tmp_path / "badcount", [(png(), "a")])
     edit_lmdb(tmp_path / "badcount", put={b"num-samples": value})
@@ -146,9 +156,11 @@ def test_num_samples_larger_than_the_keys_drops_and_reports_the_missing_samples(
     report = dataset.report
     assert report.total == 8 and report.present == 5 and report.kept == len(dataset) == 4
     assert report.dropped == {"missing label": 3, "missing image": 1}
-    assert report.summary() == (f"{path}: kept 4 of 8; dropped: 3 missing label, 1 missing image\n"
-                                "  num-samples is 8 but only 5 samples exist: the LMDB was cut short or num-samples is"
-                                " wrong (scripts/create_lmdb.py writes it)")
+    assert report.summary() == (
+        f"{path}: kept 4 of 8; dropped: 3 missing label, 1 missing image\n"
+        "  num-samples is 8 but only 5 samples exist: the LMDB was cut short or num-samples is"
+        " wrong (scripts/create_lmdb.py writes it)"
+    )
     assert [dataset[i][1] for i in range(len(dataset))] == ["one", "three", "four", "five"]
 
 

@@ -1,5 +1,6 @@
 """Crops longer than the model's window (evaluation/long_crops.py): read in overlapping pieces whose
 frames are stitched, by predict.py by default and by eval.py with --split-long."""
+
 from __future__ import annotations
 
 import io
@@ -89,8 +90,9 @@ def test_a_long_line_squashed_into_one_window_cannot_be_read_but_in_pieces_reads
     image_bytes = png(draw_bars([grey(char) for char in text]))
     model = ColumnReader(blind_edges=True)
     [squashed] = read_images(model, [transform(image_bytes)], CPU, CODEC.decode)
-    [in_pieces] = read_images(PiecewiseModel(model, transform.preprocessing),
-                              [LongCropTransform(transform)(image_bytes)], CPU, CODEC.decode)
+    [in_pieces] = read_images(
+        PiecewiseModel(model, transform.preprocessing), [LongCropTransform(transform)(image_bytes)], CPU, CODEC.decode
+    )
     assert len(squashed.text) < len(text)  # 32 frames for 40 characters: CTC cannot fit them
     assert in_pieces.text == text  # no character lost or doubled at the seams, nor at the blind edges
 
@@ -98,7 +100,7 @@ def test_a_long_line_squashed_into_one_window_cannot_be_read_but_in_pieces_reads
 def test_each_frame_comes_from_the_nearest_piece_so_outer_quarters_never_reach_the_stitch():
     crop = torch.randn(2, 100, 5)  # [B, T, classes]: the frames the whole crop would give
     offsets = [0, 16, 32, 48, 64, 68]  # pieces of 32 frames, half a piece apart, the last flush with the end
-    pieces = torch.stack([crop[:, offset:offset + 32] for offset in offsets], 1).clone()  # [B, P, 32, classes]
+    pieces = torch.stack([crop[:, offset : offset + 32] for offset in offsets], 1).clone()  # [B, P, 32, classes]
     pieces[:, 1:, :8] = pieces[:, :-1, 24:] = float("nan")  # every outer quarter but the crop's two ends
     assert torch.equal(stitch(pieces, offsets), crop)
 
@@ -136,18 +138,25 @@ def test_only_crops_more_than_one_and_a_half_model_widths_long_at_the_model_heig
     for keep_aspect in (False, True):
         long_crops = LongCropTransform(ImageTransform(Preprocessing(32, 128, keep_aspect=keep_aspect)))
         assert long_crops.split_ratio == 6
-        shapes = {size: tuple(long_crops(png(Image.new("L", size, BACKGROUND))).shape)
-                  for size in [(192, 32), (196, 32), (392, 64), (60, 32)]}
-        assert shapes == {(192, 32): (1, 32, 128), (196, 32): (1, 32, 196), (392, 64): (1, 32, 196),
-                          (60, 32): (1, 32, 128)}  # stretched, or keeping its aspect padded to 128
+        shapes = {
+            size: tuple(long_crops(png(Image.new("L", size, BACKGROUND))).shape)
+            for size in [(192, 32), (196, 32), (392, 64), (60, 32)]
+        }
+        assert shapes == {
+            (192, 32): (1, 32, 128),
+            (196, 32): (1, 32, 196),
+            (392, 64): (1, 32, 196),
+            (60, 32): (1, 32, 128),
+        }  # stretched, or keeping its aspect padded to 128
     # A sliver is read at most 32 model widths long.
     assert long_crops(png(Image.new("L", (5000, 2), BACKGROUND))).shape == (1, 32, 32 * 128)
 
 
 def test_an_lmdb_splits_into_the_samples_read_whole_and_the_long_ones_each_once(tmp_path):
     sizes = [(100, 32), (300, 32), (190, 32), (900, 48), (40, 32)]
-    write_lmdb(tmp_path / "set", [(png(Image.new("L", size, BACKGROUND)), "ab") for size in sizes]
-               + [(b"not an image", "ab")])
+    write_lmdb(
+        tmp_path / "set", [(png(Image.new("L", size, BACKGROUND)), "ab") for size in sizes] + [(b"not an image", "ab")]
+    )
     transform = ImageTransform(Preprocessing(32, 128))
     dataset = LmdbDataset(tmp_path / "set", CODEC, 33, transform)
     whole, long = split_long_samples(dataset, LongCropTransform(transform))
@@ -190,8 +199,12 @@ def ink_reader(tmp_path_factory) -> Path:
         classifier.bias[:2] = 0
         classifier.weight[0], classifier.weight[1] = -5, 5  # blank on paper, "0" (class 1) on ink
     path = tmp_path_factory.mktemp("ink_reader") / "best.pt"
-    save_checkpoint(path, weights_checkpoint(model, config, config.data.alphabet, Preprocessing.from_config(config),
-                                             step=0, accuracy=None, world_size=1))
+    save_checkpoint(
+        path,
+        weights_checkpoint(
+            model, config, config.data.alphabet, Preprocessing.from_config(config), step=0, accuracy=None, world_size=1
+        ),
+    )
     return path
 
 
@@ -206,9 +219,23 @@ def test_predict_reads_long_crops_in_pieces_by_default_says_so_and_no_split_squa
     (tmp_path / "word.png").write_bytes(ink_bars(3))  # 108 pixels
 
     def predict(*options: str) -> tuple[list[list[str]], str]:
-        result = subprocess.run([sys.executable, str(REPO / "scripts" / "predict.py"), str(ink_reader), str(tmp_path),
-                                 "--device", "cpu", "--precision", "fp32", *options],
-                                env=run_env(), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts" / "predict.py"),
+                str(ink_reader),
+                str(tmp_path),
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+                *options,
+            ],
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         return [line.split("\t")[:2] for line in result.stdout.splitlines()], result.stderr
 
@@ -227,9 +254,26 @@ def test_eval_reads_long_crops_in_pieces_only_with_split_long(ink_reader, tmp_pa
     write_lmdb(tmp_path / "bars", [(ink_bars(count), "0" * count) for count in counts])
     for mode, accuracy in (([], 0.6), (["--split-long"], 1.0)):
         results = tmp_path / "results.json"
-        result = subprocess.run([sys.executable, "scripts/eval.py", str(ink_reader), str(tmp_path / "bars"),
-                                 "--workers", "0", "--precision", "fp32", "--json", str(results), *mode],
-                                cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "scripts/eval.py",
+                str(ink_reader),
+                str(tmp_path / "bars"),
+                "--workers",
+                "0",
+                "--precision",
+                "fp32",
+                "--json",
+                str(results),
+                *mode,
+            ],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         note = "2 of 5 images were wider than 6:1 and were read in overlapping pieces (--split-long)"
         assert (note in result.stdout) == bool(mode), result.stdout

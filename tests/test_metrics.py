@@ -36,8 +36,10 @@ def lcs_by_table(first: str, second: str) -> int:
 def test_bit_parallel_lcs_equals_the_textbook_table():
     rng = random.Random(0)
     pairs = [("", ""), ("abc", ""), ("", "abc"), ("abcbdab", "bdcaba"), ("aaaa", "aa"), ("中文字", "文中字")]
-    pairs += [("".join(rng.choices("abc", k=rng.randint(0, 70))), "".join(rng.choices("abc", k=rng.randint(0, 70))))
-              for _ in range(300)]
+    pairs += [
+        ("".join(rng.choices("abc", k=rng.randint(0, 70))), "".join(rng.choices("abc", k=rng.randint(0, 70))))
+        for _ in range(300)
+    ]
     for first, second in pairs:
         assert lcs_length(first, second) == lcs_by_table(first, second) == lcs_length(second, first), (first, second)
 

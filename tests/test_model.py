@@ -76,8 +76,9 @@ def test_lstm_layers_sets_how_many_bilstms_read_the_frames():
         assert sum(isinstance(module, torch.nn.LSTM) for module in model.modules()) == layers
         assert model(images).shape == (2, 26, 37)
         # The last BiLSTM's projection is the classifier; the ones before it project to hidden_size.
-        assert [module.out_features for module in model.modules() if isinstance(module, torch.nn.Linear)] == \
-            [64] * (layers - 1) + [37]
+        assert [module.out_features for module in model.modules() if isinstance(module, torch.nn.Linear)] == [64] * (
+            layers - 1
+        ) + [37]
     with pytest.raises(ValueError, match=r"model.lstm_layers=0: must be at least 1"):
         build_model("crnn", 37, 1, 64, lstm_layers=0)
 

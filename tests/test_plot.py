@@ -1,4 +1,5 @@
 """scripts/plot.py, run as a user runs it, on a hand-written metrics.jsonl."""
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,32 @@ def plot(*args: str | Path) -> subprocess.CompletedProcess:
 def write_metrics(run: Path) -> None:
     records = []
     for step in (50, 100, 150, 200):
-        records.append({"time": 1.0, "step": step, "epoch": 0, "lr": 0.001 * step / 200, "loss": 30.0 / step,
-                        "images_per_s": 30 + step / 50, "infinite_losses": 0, "undecodable_images": int(step == 100),
-                        "skipped_steps": 0})
+        records.append(
+            {
+                "time": 1.0,
+                "step": step,
+                "epoch": 0,
+                "lr": 0.001 * step / 200,
+                "loss": 30.0 / step,
+                "images_per_s": 30 + step / 50,
+                "infinite_losses": 0,
+                "undecodable_images": int(step == 100),
+                "skipped_steps": 0,
+            }
+        )
     for step in (100, 200):
         for number, root in enumerate(("datasets/synth/val", "datasets/iiit5k")):
-            records.append({"time": 1.0, "step": step, "val": root, "samples": 33, "accuracy": step / 400 + number / 10,
-                            "cer": 0.5 - step / 500, "one_minus_ned": 0.8})
+            records.append(
+                {
+                    "time": 1.0,
+                    "step": step,
+                    "val": root,
+                    "samples": 33,
+                    "accuracy": step / 400 + number / 10,
+                    "cer": 0.5 - step / 500,
+                    "one_minus_ned": 0.8,
+                }
+            )
     lines = [json.dumps(record) for record in records]
     # Lines that are neither kind of record: another tool's event, a record without a step, a line
     # cut short by a crash. All ignored.

@@ -11,8 +11,8 @@ import training.precision_choice
 import utils.precision
 from models import model_from_config
 from tests.conftest import REPO, run_env
-from training.precision_choice import choose_precision
 from training.config import ModelConfig
+from training.precision_choice import choose_precision
 from utils.precision import autocast, candidate_precisions, resolve_precision
 from utils.sync_batchnorm import CpuSyncBatchNorm, convert_sync_batchnorm
 
@@ -103,7 +103,8 @@ def test_a_model_with_global_batch_statistics_is_timed_without_collectives(two_c
     timed step would pair mismatched steps. Here there is no process group, so one would raise."""
     model = convert_sync_batchnorm(
         model_from_config(ModelConfig(hidden_size=16, settings={"channels": [4, 8, 8, 8, 8, 8, 8]}), 11),
-        torch.device("cpu"))
+        torch.device("cpu"),
+    )
     assert any(isinstance(module, CpuSyncBatchNorm) for module in model.modules())
     choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), True, log=lambda _: None)
     assert choice in ("fp32", "bf16")
@@ -126,18 +127,31 @@ def test_bf16_autocast_runs_the_forward_in_bf16_on_the_cpu():
 @pytest.mark.slow
 def test_a_run_with_auto_measures_records_its_choice_and_resumes_with_it(synth, tmp_path):
     out_dir = tmp_path / "run"
-    command = [sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-               f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.batch_size=4", "train.eval_every=2",
-               "model.hidden_size=16", "data.num_workers=0", "train.precision=auto"]
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        "train.batch_size=4",
+        "train.eval_every=2",
+        "model.hidden_size=16",
+        "data.num_workers=0",
+        "train.precision=auto",
+    ]
     environment = {**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = subprocess.run([*command, "train.max_steps=2"], cwd=REPO, env=environment, capture_output=True, text=True,
-                           timeout=300)
+    first = subprocess.run(
+        [*command, "train.max_steps=2"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 0, first.stderr
     [line] = [line for line in first.stdout.splitlines() if "precision auto:" in line]
     choice = line.split("precision auto: ")[1].split()[0]
     assert choice in candidate_precisions(torch.device("cpu")) and f"precision {choice}," in first.stdout
     assert torch.load(out_dir / "last.pt", weights_only=True)["precision"] == choice
-    resumed = subprocess.run([*command, "train.max_steps=4"], cwd=REPO, env=environment, capture_output=True,
-                             text=True, timeout=300)
+    resumed = subprocess.run(
+        [*command, "train.max_steps=4"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"precision auto: {choice}, as the run measured it at its start" in resumed.stdout

@@ -1,4 +1,5 @@
 """scripts/predict.py on a checkpoint trained for 3 steps: folders, globs, files, broken images, bad paths."""
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,13 @@ from training.checkpoint import load_model
 
 def predict(*args: str) -> subprocess.CompletedProcess:
     """predict.py in fp32, the precision the tests' own readings are computed in."""
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "predict.py"), *args, "--precision", "fp32"],
-                          env=run_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "predict.py"), *args, "--precision", "fp32"],
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def parse(stdout: str) -> list[tuple[str, str, str]]:
@@ -52,8 +57,16 @@ def test_folder_glob_and_files_print_one_line_per_image_with_the_models_text(che
     (tmp_path / "folder" / "notes.txt").write_text("not an image")  # a folder means its image files
     globbed = write_images(synth, tmp_path / "globbed", 3, start=4)
     singles = write_images(synth, tmp_path / "singles", 2, start=7)
-    result = predict(str(checkpoint), str(tmp_path / "folder"), str(tmp_path / "globbed" / "*.jpg"),
-                     *map(str, singles), "--batch-size", "3", "--device", "cpu")
+    result = predict(
+        str(checkpoint),
+        str(tmp_path / "folder"),
+        str(tmp_path / "globbed" / "*.jpg"),
+        *map(str, singles),
+        "--batch-size",
+        "3",
+        "--device",
+        "cpu",
+    )
     assert result.returncode == 0, result.stderr
     rows = parse(result.stdout)
     assert [path for path, _, _ in rows] == [str(path) for path in folder + globbed + singles]
@@ -96,7 +109,10 @@ def test_inputs_resolve_to_sorted_unique_image_files_and_missing_ones_are_named(
     assert image_paths([str(tmp_path / "b.png"), str(tmp_path)]) == folder[::-1]  # each file once, first place
     assert image_paths([str(tmp_path / "**" / "*.png")]) == [str(tmp_path / "b.png"), str(tmp_path / "sub" / "d.png")]
     (tmp_path / "empty").mkdir()
-    for bad, message in [("gone.png", "gone.png does not exist"), ("*.tif", "no file matches"),
-                         ("empty", "folder .* holds no image files")]:
+    for bad, message in [
+        ("gone.png", "gone.png does not exist"),
+        ("*.tif", "no file matches"),
+        ("empty", "folder .* holds no image files"),
+    ]:
         with pytest.raises(FileNotFoundError, match=message):
             image_paths([str(tmp_path / bad)])

@@ -1,5 +1,6 @@
 """The preprocessing travels with the model: a run records it in its checkpoints, and evaluation,
 prediction and export apply the checkpoint's record, whatever the code's defaults say."""
+
 from __future__ import annotations
 
 import csv
@@ -23,8 +24,16 @@ from training.checkpoint import (
 from training.config import load_config
 
 # A record unlike every default: a transform built from the config instead would feed other numbers.
-RECORD = {"height": 32, "width": 100, "color": "L", "keep_aspect": False, "interpolation": "nearest",
-          "mean": [0.3], "std": [0.2], "padding": "replicate"}
+RECORD = {
+    "height": 32,
+    "width": 100,
+    "color": "L",
+    "keep_aspect": False,
+    "interpolation": "nearest",
+    "mean": [0.3],
+    "std": [0.2],
+    "padding": "replicate",
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +53,44 @@ def recorded(tiny_run, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
     out_dir = tmp_path / "run"
-    subprocess.run([sys.executable, "train.py", "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]",
-                    f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}", "train.max_steps=2", "train.batch_size=8",
-                    "train.eval_every=2", "model.hidden_size=16", "data.num_workers=0", "train.precision=fp32",
-                    "data.interpolation=bicubic", "data.mean=[0.4]", "data.std=[0.25]", "data.keep_aspect=true"],
-                   cwd=REPO, env=run_env(), check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            "train.max_steps=2",
+            "train.batch_size=8",
+            "train.eval_every=2",
+            "model.hidden_size=16",
+            "data.num_workers=0",
+            "train.precision=fp32",
+            "data.interpolation=bicubic",
+            "data.mean=[0.4]",
+            "data.std=[0.25]",
+            "data.keep_aspect=true",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     for name in ("best.pt", "last.pt"):
         record = torch.load(out_dir / name, weights_only=True)["preprocessing"]
-        assert record == {"height": 32, "width": load_config("crnn.yaml", []).data.img_width, "color": "L",
-                          "keep_aspect": True, "interpolation": "bicubic",
-                          "mean": [0.4], "std": [0.25], "padding": "replicate"}
+        assert record == {
+            "height": 32,
+            "width": load_config("crnn.yaml", []).data.img_width,
+            "color": "L",
+            "keep_aspect": True,
+            "interpolation": "bicubic",
+            "mean": [0.4],
+            "std": [0.25],
+            "padding": "replicate",
+        }
 
 
 def test_load_model_returns_the_checkpoint_record_not_the_config(recorded):
@@ -67,25 +104,51 @@ def test_predict_and_eval_apply_the_checkpoint_record(recorded, synth, tmp_path)
     paths = write_images(synth, tmp_path, 6)
     model, codec, _, _ = load_model(recorded)
     with torch.inference_mode():
-        expected = codec.decode(model(torch.stack([ImageTransform(Preprocessing.from_dict(RECORD, "test"))(image)
-                                                   for image, _ in samples])))
-        default = codec.decode(model(torch.stack([ImageTransform(Preprocessing(32, 100))(image) for image, _ in samples])))
+        expected = codec.decode(
+            model(torch.stack([ImageTransform(Preprocessing.from_dict(RECORD, "test"))(image) for image, _ in samples]))
+        )
+        default = codec.decode(
+            model(torch.stack([ImageTransform(Preprocessing(32, 100))(image) for image, _ in samples]))
+        )
     # Printed with 4 decimals: a transform other than the record's would be told apart here.
     assert max(abs(a.confidence - b.confidence) for a, b in zip(expected, default)) > 5e-4
 
-    result = subprocess.run([sys.executable, "scripts/predict.py", str(recorded), *map(str, paths), "--precision", "fp32"],
-                            cwd=REPO,
-                            env=run_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "scripts/predict.py", str(recorded), *map(str, paths), "--precision", "fp32"],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
-    read = [(text, float(confidence)) for _, text, confidence, _ in (line.split("\t")
-                                                                   for line in result.stdout.splitlines())]
+    read = [
+        (text, float(confidence))
+        for _, text, confidence, _ in (line.split("\t") for line in result.stdout.splitlines())
+    ]
     assert [text for text, _ in read] == [r.text for r in expected]
     assert [confidence for _, confidence in read] == pytest.approx([r.confidence for r in expected], abs=1.5e-4)
 
     dump = tmp_path / "dump.tsv"
-    result = subprocess.run(["bash", "scripts/eval.sh", str(recorded), str(synth / "val"), "--dump", str(dump),
-                             "--metric-mode", "exact", "--precision", "fp32"], cwd=REPO, env={**run_env(), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            "bash",
+            "scripts/eval.sh",
+            str(recorded),
+            str(synth / "val"),
+            "--dump",
+            str(dump),
+            "--metric-mode",
+            "exact",
+            "--precision",
+            "fp32",
+        ],
+        cwd=REPO,
+        env={**run_env(), "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(dump.open(), delimiter="\t"))[:6]
     assert [row["prediction"] for row in rows] == [r.text for r in expected]
@@ -99,30 +162,44 @@ def test_a_checkpoint_from_before_the_record_gets_the_constants_of_its_time():
 
 
 def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_file():
-    with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot "
-                                                 r"apply: \['deskew'\]"):
+    with pytest.raises(
+        PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot " r"apply: \['deskew'\]"
+    ):
         Preprocessing.from_dict({**RECORD, "deskew": True}, "fork.pt")
-    with pytest.raises(PreprocessingError, match="fork.pt: its preprocessing record is not usable: interpolation: "
-                                                 "'area' is not one of"):
+    with pytest.raises(
+        PreprocessingError,
+        match="fork.pt: its preprocessing record is not usable: interpolation: " "'area' is not one of",
+    ):
         Preprocessing.from_dict({**RECORD, "interpolation": "area"}, "fork.pt")
 
 
 def test_a_record_is_checked_against_the_ranges_the_config_keys_have():
-    for change, message in (({"height": 0}, r"height=0: must be at least 1"),
-                            ({"std": [0.0]}, r"std\[0\]=0.0: must be from 1e-06 to 1000"),
-                            ({"mean": [0.5, 0.5]}, r"mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)")):
+    for change, message in (
+        ({"height": 0}, r"height=0: must be at least 1"),
+        ({"std": [0.0]}, r"std\[0\]=0.0: must be from 1e-06 to 1000"),
+        ({"mean": [0.5, 0.5]}, r"mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
+    ):
         with pytest.raises(PreprocessingError, match=r"fork\.pt: its preprocessing record is not usable: " + message):
             Preprocessing.from_dict({**RECORD, **change}, "fork.pt")
 
 
 def test_config_values_are_the_keys_from_config_reads_back():
-    preprocessing = Preprocessing.from_dict({**RECORD, "color": "RGB", "keep_aspect": True, "mean": [0.4, 0.5, 0.6]},
-                                            "test")
+    preprocessing = Preprocessing.from_dict(
+        {**RECORD, "color": "RGB", "keep_aspect": True, "mean": [0.4, 0.5, 0.6]}, "test"
+    )
     values = preprocessing.config_values()
-    assert values == {"img_height": 32, "img_width": 100, "keep_aspect": True, "interpolation": "nearest",
-                      "mean": [0.4, 0.5, 0.6], "std": [0.2]}
-    config = load_config("crnn.yaml", [f"data.{key}={value}" for key, value in values.items()]
-                         + [f"model.in_channels={preprocessing.channels}"])
+    assert values == {
+        "img_height": 32,
+        "img_width": 100,
+        "keep_aspect": True,
+        "interpolation": "nearest",
+        "mean": [0.4, 0.5, 0.6],
+        "std": [0.2],
+    }
+    config = load_config(
+        "crnn.yaml",
+        [f"data.{key}={value}" for key, value in values.items()] + [f"model.in_channels={preprocessing.channels}"],
+    )
     assert Preprocessing.from_config(config) == preprocessing
 
 
@@ -130,6 +207,7 @@ def test_normalisation_maps_pixels_as_torchvision_does_and_back():
     image = Preprocessing(4, 6, "RGB", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     transform = ImageTransform(image)
     from PIL import Image
+
     pixels = Image.new("RGB", (6, 4), (255, 128, 0))
     tensor = transform.to_tensor(pixels)
     expected = (torch.tensor([255, 128, 0]) / 255 - torch.tensor(image.mean)) / torch.tensor(image.std)

@@ -1,6 +1,7 @@
 """A second architecture is one registration away: a toy model, registered through the public registry
 in this test only, is trained, saved, evaluated and exported by the project's own entry points, with
 its own setting passed from the config to its constructor."""
+
 from __future__ import annotations
 
 import json
@@ -50,11 +51,26 @@ def test_a_registered_architecture_trains_saves_evaluates_and_exports(toy_arch, 
     from scripts import export
 
     out_dir = tmp_path / "toy"
-    run_main(train, monkeypatch, [
-        "train.py", "model.arch=toy", "model.hidden_size=16", "model.stride=2",
-        f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]", f"train.out_dir={out_dir}",
-        "train.max_steps=3", "train.batch_size=8", "train.eval_every=3", "train.log_every=3",
-        "data.num_workers=0", "train.precision=fp32", "train.tensorboard=false"])
+    run_main(
+        train,
+        monkeypatch,
+        [
+            "train.py",
+            "model.arch=toy",
+            "model.hidden_size=16",
+            "model.stride=2",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            "train.max_steps=3",
+            "train.batch_size=8",
+            "train.eval_every=3",
+            "train.log_every=3",
+            "data.num_workers=0",
+            "train.precision=fp32",
+            "train.tensorboard=false",
+        ],
+    )
     checkpoint = torch.load(out_dir / "best.pt", weights_only=True)
     assert checkpoint["config"]["model"]["arch"] == "toy" and checkpoint["config"]["model"]["stride"] == 2
     assert set(checkpoint["model"]) == {"conv.weight", "conv.bias", "classify.weight", "classify.bias"}
@@ -64,14 +80,29 @@ def test_a_registered_architecture_trains_saves_evaluates_and_exports(toy_arch, 
     assert model(torch.zeros(1, 1, 32, 128)).shape == (1, 64, codec.num_classes)  # 128 / stride frames
 
     results = tmp_path / "eval.json"
-    run_main(eval_script, monkeypatch, ["eval.py", str(out_dir / "best.pt"), str(synth / "test"),
-                                        "--json", str(results), "--workers", "0"])
+    run_main(
+        eval_script,
+        monkeypatch,
+        ["eval.py", str(out_dir / "best.pt"), str(synth / "test"), "--json", str(results), "--workers", "0"],
+    )
     assert json.loads(results.read_text())["sets"][0]["samples"] == 20  # every test sample, read by the toy model
 
     exported = tmp_path / "toy.onnx"
     images = write_images(synth, tmp_path / "images", count=4)
-    run_main(export, monkeypatch, ["export.py", str(out_dir / "best.pt"), "--format", "onnx", "--out", str(exported),
-                                   "--check", str(images[0].parent)])  # onnxruntime's logits against PyTorch's
+    run_main(
+        export,
+        monkeypatch,
+        [
+            "export.py",
+            str(out_dir / "best.pt"),
+            "--format",
+            "onnx",
+            "--out",
+            str(exported),
+            "--check",
+            str(images[0].parent),
+        ],
+    )  # onnxruntime's logits against PyTorch's
     assert exported.is_file() and exported.stat().st_size > 0
 
 

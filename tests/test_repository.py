@@ -1,4 +1,5 @@
 """The repository's promises to a newcomer: CI runs exactly the README's test command."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,17 +37,25 @@ def test_readme_train_command_writes_the_held_out_test_split_and_evaluates_on_it
     from tests.conftest import run_env
 
     train_command = next(command for command in readme_commands() if "train.py" in command)
-    steps = dict((step.split()[1] if step.startswith("python ") else step.split()[0], step)
-                 for step in train_command.split(" && "))
+    steps = dict(
+        (step.split()[1] if step.startswith("python ") else step.split()[0], step)
+        for step in train_command.split(" && ")
+    )
     generator, evaluation = steps["scripts/make_synthetic.py"], steps["scripts/eval.sh"]
     assert parse_args(generator.split()[2:]).test > 0  # the default writes a test split
     env = {**run_env(), "PYTHON": sys.executable, "PATH": f"{REPO / '.venv' / 'bin'}:{run_env()['PATH']}"}
     for script in ("make_synthetic.py", "eval.sh", "eval.py"):
         (tmp_path / "scripts").mkdir(exist_ok=True)
         (tmp_path / "scripts" / script).symlink_to(REPO / "scripts" / script)
-    generated = subprocess.run(generator.replace("python ", f"{sys.executable} ", 1).split()
-                               + ["--train", "8", "--val", "8", "--test", "8", "--workers", "1"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    generated = subprocess.run(
+        generator.replace("python ", f"{sys.executable} ", 1).split()
+        + ["--train", "8", "--val", "8", "--test", "8", "--workers", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert generated.returncode == 0, generated.stderr
     assert (tmp_path / "datasets" / "synth" / "test" / "data.mdb").is_file()
     (tmp_path / "runs" / "crnn").mkdir(parents=True)

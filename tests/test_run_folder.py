@@ -1,4 +1,5 @@
 """Run folders: the newest readable checkpoint, the newest K kept, and runs that never mix."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 import yaml
 
 from training.checkpoint import save_checkpoint
+from training.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
 from training.run_folder import (
     check_run_folder,
     checkpoint_path,
@@ -15,7 +17,6 @@ from training.run_folder import (
     point_last_at,
     prune_checkpoints,
 )
-from training.config import Config, ConfigError, leaf_fields, resumable_keys, to_dict
 
 
 def training_checkpoint(step: int) -> dict:
@@ -123,10 +124,29 @@ def test_every_key_of_the_config_is_either_resumable_or_binds_the_run(tmp_path, 
 
 def test_how_a_run_is_executed_may_change_and_what_it_computes_may_not():
     resumable = resumable_keys()
-    assert {"train.compile", "train.channels_last", "data.eval_width_step", "train.max_steps", "data.num_workers",
-            "train.precision", "device_ids"} <= resumable
-    assert not {"data.train", "data.alphabet", "data.img_height", "data.mean", "data.interpolation", "model.arch",
-                "optim.lr", "train.batch_size", "train.seed"} & resumable
+    assert {
+        "train.compile",
+        "train.channels_last",
+        "data.eval_width_step",
+        "train.max_steps",
+        "data.num_workers",
+        "train.precision",
+        "device_ids",
+    } <= resumable
+    assert (
+        not {
+            "data.train",
+            "data.alphabet",
+            "data.img_height",
+            "data.mean",
+            "data.interpolation",
+            "model.arch",
+            "optim.lr",
+            "train.batch_size",
+            "train.seed",
+        }
+        & resumable
+    )
 
 
 def test_a_run_started_before_a_key_existed_continues_with_that_key_at_its_default(tmp_path):

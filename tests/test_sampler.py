@@ -1,4 +1,5 @@
 """The training order: global batches that depend on the step alone, with or without dataset ratios."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -8,8 +9,14 @@ import pytest
 from data.samplers import GlobalBatchSampler
 
 
-def global_pairs(world_size: int, start: int = 0, end: int = 12, sizes: tuple[int, ...] = (50,), batch: int = 8,
-                 ratios: list[float] | None = None) -> list[list[tuple[int, int]]]:
+def global_pairs(
+    world_size: int,
+    start: int = 0,
+    end: int = 12,
+    sizes: tuple[int, ...] = (50,),
+    batch: int = 8,
+    ratios: list[float] | None = None,
+) -> list[list[tuple[int, int]]]:
     """Global batches `start .. end - 1` as (index, augment seed) pairs: each step's slices of all
     ranks, joined in rank order."""
     per_rank = []

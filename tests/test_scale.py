@@ -1,5 +1,6 @@
 """The scale harness: tools/make_scale_lmdb.py writes a readable LMDB of real words, and
 tools/scale_check.py measures what docs/data.md reports (at a small N here)."""
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,33 @@ WORDS = set((REPO / "synthetic" / "words" / "english.txt").read_text().split())
 
 
 def make_scale_lmdb(out, samples: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "tools/make_scale_lmdb.py", "--out", str(out), "--samples", str(samples),
-                           "--variants", "3", *extra], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "tools/make_scale_lmdb.py",
+            "--out",
+            str(out),
+            "--samples",
+            str(samples),
+            "--variants",
+            "3",
+            *extra,
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_scale_lmdb_holds_real_words_and_decodable_images_in_the_field_s_format(tmp_path):
     result = make_scale_lmdb(tmp_path / "scale", 2500)
     assert result.returncode == 0, result.stderr
     assert "2,500 samples" in result.stdout
-    dataset = LmdbDataset(tmp_path / "scale", CTCCodec(ALPHABET, fold_case=True), 26,
-                          ImageTransform(Preprocessing(32, 100)))
+    dataset = LmdbDataset(
+        tmp_path / "scale", CTCCodec(ALPHABET, fold_case=True), 26, ImageTransform(Preprocessing(32, 100))
+    )
     assert dataset.report.total == dataset.report.present == 2500 and dataset.report.kept == 2500
     labels = [dataset[position][1] for position in (0, 1, 2, 2499)]
     assert all(label.lower() in {word.lower() for word in WORDS} for label in labels)
@@ -50,11 +67,34 @@ def test_the_scale_lmdb_is_not_written_over_without_overwrite(tmp_path):
 def test_scale_check_measures_memory_sampling_and_reading(synth, tmp_path):
     for name, samples in (("big", 3000), ("small", 600)):
         assert make_scale_lmdb(tmp_path / name, samples).returncode == 0
-    result = subprocess.run([sys.executable, "tools/scale_check.py", "--big", str(tmp_path / "big"), "--small",
-                             str(tmp_path / "small"), "--val", str(synth / "val"), "--only", "memory", "sampler",
-                             "reading", "--memory-steps", "10", "20", "--read-batches", "4", "--json",
-                             str(tmp_path / "scale.json")], cwd=REPO, env=run_env(), capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "tools/scale_check.py",
+            "--big",
+            str(tmp_path / "big"),
+            "--small",
+            str(tmp_path / "small"),
+            "--val",
+            str(synth / "val"),
+            "--only",
+            "memory",
+            "sampler",
+            "reading",
+            "--memory-steps",
+            "10",
+            "20",
+            "--read-batches",
+            "4",
+            "--json",
+            str(tmp_path / "scale.json"),
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((tmp_path / "scale.json").read_text())
     assert [snapshot["step"] >= wanted for snapshot, wanted in zip(figures["memory"], (10, 20))] == [True, True]
@@ -69,9 +109,24 @@ def test_scale_check_measures_memory_sampling_and_reading(synth, tmp_path):
 def test_the_scale_lmdb_gets_the_permissions_of_the_umask(tmp_path):
     """Like every LMDB the project writes (data.lmdb_writer.FILE_MODE): a group-writable umask gives
     group-writable files, not py-lmdb's 0644, and the folder is not mkdtemp's 0700."""
-    result = subprocess.run([sys.executable, "tools/make_scale_lmdb.py", "--out", str(tmp_path / "scale"),
-                             "--samples", "10", "--variants", "1"], cwd=REPO, env=run_env(), capture_output=True,
-                            text=True, timeout=120, preexec_fn=lambda: os.umask(0o002))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "tools/make_scale_lmdb.py",
+            "--out",
+            str(tmp_path / "scale"),
+            "--samples",
+            "10",
+            "--variants",
+            "1",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0o002),
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "scale").stat().st_mode & 0o777 == 0o775
     assert (tmp_path / "scale" / "data.mdb").stat().st_mode & 0o777 == 0o664

@@ -3,6 +3,7 @@
 Checked in float64, where the comparison is exact up to rounding: in float32 a ReLU input near zero
 that rounds the other way changes a gradient, and that noise would hide a real error.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -40,11 +41,15 @@ def rank_zero_gradients(rank: int, sync: bool) -> dict:
     loss = (ddp(images[half]) * weights[half]).sum() / (GLOBAL_BATCH // 2)  # a per-rank mean, as in training
     loss.backward()
     return {name: p.grad.numpy() for name, p in local.named_parameters()} | {
-        name: b.numpy() for name, b in local.named_buffers() if b.is_floating_point()}
+        name: b.numpy() for name, b in local.named_buffers() if b.is_floating_point()
+    }
 
 
 def two_process_gradients(tmp_path, sync: bool) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(value) for name, value in run_on_two_processes(rank_zero_gradients, tmp_path, sync).items()}
+    return {
+        name: torch.from_numpy(value)
+        for name, value in run_on_two_processes(rank_zero_gradients, tmp_path, sync).items()
+    }
 
 
 def test_two_processes_compute_the_gradients_of_the_whole_batch(tmp_path):

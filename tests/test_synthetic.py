@@ -1,4 +1,5 @@
 """scripts/make_synthetic.py, run as a user runs it: a real process writing real LMDBs."""
+
 from __future__ import annotations
 
 import io
@@ -44,8 +45,9 @@ def metas(split: Path) -> list[dict]:
 def fontconfig_font(family: str) -> Path | None:
     """The file of a font of `family` (its plain style) as fontconfig lists it, or None."""
     try:
-        listing = subprocess.run(["fc-list", f"{family}:style=Book", "file"], capture_output=True, text=True,
-                                 check=True).stdout
+        listing = subprocess.run(
+            ["fc-list", f"{family}:style=Book", "file"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     files = sorted(line.rstrip(": ") for line in listing.splitlines() if line.strip())
@@ -93,8 +95,20 @@ def test_val_and_test_are_not_copies_of_train(seed0):
 
 @pytest.mark.slow
 def test_same_seed_same_bytes_whatever_the_workers(seed0, tmp_path):
-    generate(tmp_path / "synth", "--train", "40", "--val", "10", "--test", "10", "--seed", "0", "--alphabet", ALPHABET,
-             workers=1)
+    generate(
+        tmp_path / "synth",
+        "--train",
+        "40",
+        "--val",
+        "10",
+        "--test",
+        "10",
+        "--seed",
+        "0",
+        "--alphabet",
+        ALPHABET,
+        workers=1,
+    )
     for split in SPLITS:
         assert read_lmdb(tmp_path / "synth" / split) == read_lmdb(seed0 / split)
         assert metas(tmp_path / "synth" / split) == metas(seed0 / split)
@@ -128,8 +142,25 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
     fonts = tmp_path / "sans"
     fonts.mkdir()
     shutil.copy(dejavu / "DejaVuSans.ttf", fonts)
-    generate(tmp_path / "synth", "--train", "200", "--val", "0", "--test", "0", "--alphabet", "a", "--no-words",
-             "--max-length", "1", "--no-system-fonts", "--fonts", str(fonts), "--held-out-fonts", "")
+    generate(
+        tmp_path / "synth",
+        "--train",
+        "200",
+        "--val",
+        "0",
+        "--test",
+        "0",
+        "--alphabet",
+        "a",
+        "--no-words",
+        "--max-length",
+        "1",
+        "--no-system-fonts",
+        "--fonts",
+        str(fonts),
+        "--held-out-fonts",
+        "",
+    )
     top_ink: dict[str, list[float]] = {"a": [], "A": []}
     for (image_bytes, label), meta in zip(read_lmdb(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "train")):
         assert label == "a"
@@ -139,7 +170,7 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
         border = np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
         difference = np.abs(gray - np.median(border))
         ink = difference > 0.5 * difference.max()  # dark on light or light on dark
-        top_ink[meta["text"]].append(ink[:gray.shape[0] // 4].sum() / max(ink.sum(), 1))
+        top_ink[meta["text"]].append(ink[: gray.shape[0] // 4].sum() / max(ink.sum(), 1))
     assert 60 < len(top_ink["A"]) < 140  # capitals about half the time
     small, capital = np.array(top_ink["a"]), np.array(top_ink["A"])
     assert np.median(small) < 0.01 and np.median(capital) > 0.05
@@ -148,8 +179,9 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
 
 @pytest.mark.slow
 def test_held_out_fonts_and_backgrounds_appear_in_test_only(dejavu, tmp_path):
-    result = generate(tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", "--no-system-fonts",
-                      "--fonts", str(dejavu))
+    result = generate(
+        tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", "--no-system-fonts", "--fonts", str(dejavu)
+    )
     assert "fonts: 2 families for train and val, 1 held out for test" in result.stdout
     assert "held out: DejaVu Serif" in result.stdout
     for split in ("train", "val"):
@@ -169,12 +201,25 @@ def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dej
         pixels = np.random.default_rng(index).integers(0, 256, (120, 200, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(photos / f"photo-{index}.png")
     (photos / "readme.txt").write_text("not an image: ignored\n")
-    result = generate(tmp_path / "synth", "--train", "150", "--val", "0", "--test", "60", "--no-system-fonts",
-                      "--fonts", str(dejavu), "--backgrounds", str(photos))
+    result = generate(
+        tmp_path / "synth",
+        "--train",
+        "150",
+        "--val",
+        "0",
+        "--test",
+        "60",
+        "--no-system-fonts",
+        "--fonts",
+        str(dejavu),
+        "--backgrounds",
+        str(photos),
+    )
     assert "photos 4 + 1 held out" in result.stdout
     train, test = metas(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "test")
     assert {record["photo"] for record in train if record["background"] == "photo"} == {
-        f"photo-{index}.png" for index in range(4)}
+        f"photo-{index}.png" for index in range(4)
+    }
     assert {record["photo"] for record in test if record["background"] == "photo"} == {"photo-4.png"}
 
 
@@ -187,14 +232,26 @@ def test_font_packages_are_found_through_their_entry_point(dejavu, tmp_path):
     (module / "files").mkdir(parents=True)
     shutil.copy(dejavu / "DejaVuSans.ttf", module / "files" / "FakeSans.ttf")
     (module / "__init__.py").write_text("")
-    (module / "metadata.json").write_text(json.dumps({"family": "Fake Sans", "license": "OFL-1.1",
-                                                       "files": [{"path": "files/FakeSans.ttf"}]}))
+    (module / "metadata.json").write_text(
+        json.dumps({"family": "Fake Sans", "license": "OFL-1.1", "files": [{"path": "files/FakeSans.ttf"}]})
+    )
     info = site / "fakefont_sans-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakefont-sans\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[fontpkg.family]\nfake-sans = fakefont_sans\n")
-    result = generate(tmp_path / "synth", "--train", "30", "--val", "0", "--test", "0", "--no-words",
-                      "--held-out-fonts", "", env={**run_env(), "PYTHONPATH": str(site)})
+    result = generate(
+        tmp_path / "synth",
+        "--train",
+        "30",
+        "--val",
+        "0",
+        "--test",
+        "0",
+        "--no-words",
+        "--held-out-fonts",
+        "",
+        env={**run_env(), "PYTHONPATH": str(site)},
+    )
     assert "font packages, licences:" in result.stdout and "OFL-1.1" in result.stdout
     assert "Fake Sans" in result.stdout
 
@@ -204,8 +261,21 @@ def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
     # Two words hold characters outside the default alphabet; blank lines are not words; ends are stripped.
     words = tmp_path / "words.txt"
     words.write_text("hello\nworld\n\nStraße\nab#c\n  crnn  \n42\n", encoding="utf-8")
-    options = ("--train", "60", "--val", "6", "--test", "0", "--seed", "3", "--words", str(words), "--no-system-fonts",
-               "--fonts", str(dejavu))
+    options = (
+        "--train",
+        "60",
+        "--val",
+        "6",
+        "--test",
+        "0",
+        "--seed",
+        "3",
+        "--words",
+        str(words),
+        "--no-system-fonts",
+        "--fonts",
+        str(dejavu),
+    )
     result = generate(tmp_path / "synth", *options)
     assert "words: kept 4 of 6" in result.stdout and "skipped 2" in result.stdout
     labels = [label for split in ("train", "val") for _, label in read_lmdb(tmp_path / "synth" / split)]
@@ -218,7 +288,7 @@ def test_words_and_fonts_give_labels_from_the_list(dejavu, tmp_path):
 
 @pytest.mark.slow
 def test_marks_the_alphabet_lacks_are_drawn_but_not_labelled(dejavu, tmp_path):
-    """"Direction?" is labelled "direction", as the benchmarks score it; a mark the alphabet has is labelled
+    """ "Direction?" is labelled "direction", as the benchmarks score it; a mark the alphabet has is labelled
     like any other character."""
     options = ("--train", "300", "--val", "0", "--test", "0", "--no-system-fonts", "--fonts", str(dejavu))
     generate(tmp_path / "plain", *options)
@@ -236,14 +306,18 @@ def test_marks_the_alphabet_lacks_are_drawn_but_not_labelled(dejavu, tmp_path):
 def test_some_short_texts_are_steeply_tilted_in_an_upright_crop(dejavu, tmp_path):
     """A word at 8 to 40 degrees, cropped by its upright bounding box (IC15's look): a taller crop than
     its text would need level."""
-    generate(tmp_path / "synth", "--train", "400", "--val", "0", "--test", "0", "--no-system-fonts",
-             "--fonts", str(dejavu))
+    generate(
+        tmp_path / "synth", "--train", "400", "--val", "0", "--test", "0", "--no-system-fonts", "--fonts", str(dejavu)
+    )
     samples = list(zip(read_lmdb(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "train")))
     tilted = [(Image.open(io.BytesIO(image)).width, meta) for (image, _), meta in samples if "tilt" in meta["effects"]]
     assert 0.03 * len(samples) < len(tilted) < 0.2 * len(samples)
     assert all(len(meta["text"]) <= 8 for _, meta in tilted)
-    level = [Image.open(io.BytesIO(image)).width for (image, _), meta in samples
-             if not set(meta["effects"]) & {"tilt", "rotation or shear", "perspective"} and len(meta["text"]) >= 6]
+    level = [
+        Image.open(io.BytesIO(image)).width
+        for (image, _), meta in samples
+        if not set(meta["effects"]) & {"tilt", "rotation or shear", "perspective"} and len(meta["text"]) >= 6
+    ]
     # At 32 px high, a tilted word of 6 to 8 characters is narrower than a level one.
     tilted_long = [width for width, meta in tilted if len(meta["text"]) >= 6]
     assert np.median(tilted_long) < 0.8 * np.median(level)
@@ -262,23 +336,53 @@ def test_every_background_style_has_one_painter_and_an_unknown_style_is_named():
 
 def test_ordinals_take_the_suffix_print_gives_them():
     assert [ordinal(number) for number in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112, 120)] == [
-        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th", "120th"]
+        "1st",
+        "2nd",
+        "3rd",
+        "4th",
+        "11th",
+        "12th",
+        "13th",
+        "21st",
+        "22nd",
+        "23rd",
+        "101st",
+        "111th",
+        "112th",
+        "120th",
+    ]
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--fonts", "{tmp}/no-such-folder"], "--fonts: font folder"),
-    (["--fonts", "{tmp}/empty"], "holds no .ttf, .otf or .ttc file"),
-    (["--words", "{tmp}/unusable.txt"], "no word of"),
-    (["--words", "{tmp}/missing.txt"], "--words: {tmp}/missing.txt does not exist"),
-    (["--backgrounds", "{tmp}/empty"], "--backgrounds: background folder"),
-    (["--no-system-fonts"], "--no-system-fonts needs --fonts DIR"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--fonts", "{tmp}/no-such-folder"], "--fonts: font folder"),
+        (["--fonts", "{tmp}/empty"], "holds no .ttf, .otf or .ttc file"),
+        (["--words", "{tmp}/unusable.txt"], "no word of"),
+        (["--words", "{tmp}/missing.txt"], "--words: {tmp}/missing.txt does not exist"),
+        (["--backgrounds", "{tmp}/empty"], "--backgrounds: background folder"),
+        (["--no-system-fonts"], "--no-system-fonts needs --fonts DIR"),
+    ],
+)
 @pytest.mark.slow
 def test_bad_options_are_named_and_write_nothing(tmp_path, options, message):
     (tmp_path / "empty").mkdir()
     (tmp_path / "unusable.txt").write_text("ÄÖÜ\n#\n", encoding="utf-8")
-    command = [sys.executable, str(SCRIPT), "--out", str(tmp_path / "synth"), "--train", "4", "--val", "0",
-               "--test", "0", "--workers", "1", *(option.format(tmp=tmp_path) for option in options)]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--out",
+        str(tmp_path / "synth"),
+        "--train",
+        "4",
+        "--val",
+        "0",
+        "--test",
+        "0",
+        "--workers",
+        "1",
+        *(option.format(tmp=tmp_path) for option in options),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and message.format(tmp=tmp_path) in result.stderr
     assert not (tmp_path / "synth").exists()

@@ -1,5 +1,6 @@
 """optim.ema_decay: the moving average of the weights, its warm-up, and what the checkpoints of a real
 2-process run hold."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +12,8 @@ from torch import nn
 
 from models import build_model
 from tests.conftest import REPO, run_env
-from training.weight_average import WeightAverage
 from training.config import ConfigError, load_config, validate
+from training.weight_average import WeightAverage
 
 
 def decay_at(update: int, decay: float) -> float:
@@ -34,8 +35,10 @@ def test_the_average_copies_first_then_follows_with_the_warmed_up_decay():
     expected = dict(history[0])
     for update, state in enumerate(history[1:], start=2):
         weight = 1 - decay_at(update, 0.5)
-        expected = {key: torch.lerp(expected[key], value, weight) if value.is_floating_point() else value
-                    for key, value in state.items()}
+        expected = {
+            key: torch.lerp(expected[key], value, weight) if value.is_floating_point() else value
+            for key, value in state.items()
+        }
     assert [decay_at(n, 0.5) for n in (1, 2, 3, 4)] == [0.0, 0.25, 4 / 13, 5 / 14]
     averaged = average.model.state_dict()
     assert averaged.keys() == expected.keys()
@@ -60,15 +63,40 @@ def test_a_decay_outside_zero_to_one_is_refused_by_name(decay):
 @pytest.mark.slow
 def test_a_ddp_run_saves_and_validates_the_average_and_resumes_it(synth, tmp_path):
     out_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-               "--config", "crnn.yaml", f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]",
-               f"train.out_dir={out_dir}", "train.batch_size=8", "train.eval_batch_size=8", "train.eval_every=3",
-               "train.save_every=1", "train.keep_checkpoints=10", "data.num_workers=0", "train.precision=fp32",
-               "optim.warmup_steps=1", "optim.schedule=constant", "optim.ema_decay=0.9", "model.hidden_size=32"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        "train.batch_size=8",
+        "train.eval_batch_size=8",
+        "train.eval_every=3",
+        "train.save_every=1",
+        "train.keep_checkpoints=10",
+        "data.num_workers=0",
+        "train.precision=fp32",
+        "optim.warmup_steps=1",
+        "optim.schedule=constant",
+        "optim.ema_decay=0.9",
+        "model.hidden_size=32",
+    ]
 
     def train(max_steps: int) -> None:
-        result = subprocess.run([*command, f"train.max_steps={max_steps}"], cwd=REPO, env=run_env(),
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [*command, f"train.max_steps={max_steps}"],
+            cwd=REPO,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-4000:]
 
     train(3)
@@ -83,8 +111,9 @@ def test_a_ddp_run_saves_and_validates_the_average_and_resumes_it(synth, tmp_pat
             if raw.is_floating_point():  # BatchNorm statistics too: rank 0 averages its own and saves them
                 expected = torch.lerp(previous[key], raw, 1 - decay_at(step, 0.9))
                 torch.testing.assert_close(current["model"][key], expected, rtol=1e-6, atol=1e-7, msg=key)
-    assert not torch.equal(checkpoints[3]["model"]["sequence.0.linear.weight"],
-                           checkpoints[3]["raw_model"]["sequence.0.linear.weight"])
+    assert not torch.equal(
+        checkpoints[3]["model"]["sequence.0.linear.weight"], checkpoints[3]["raw_model"]["sequence.0.linear.weight"]
+    )
     best = torch.load(out_dir / "best.pt", weights_only=True)
     assert best["step"] == 3 and "raw_model" not in best
     for key, value in checkpoints[3]["model"].items():

@@ -1,5 +1,6 @@
 """Evaluation batched by width where the aspect ratio is kept: each image is padded to the next multiple
 of data.eval_width_step, batches hold one width, and the results do not depend on the batching."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def test_an_image_is_padded_to_the_next_step_and_reads_like_the_full_width_one(s
     resized = ImageTransform(Preprocessing(32, 100, keep_aspect=True)).resized_width(*image_size(image_bytes))
     assert stepped.shape[-1] == min(100, -(-resized // 8) * 8) and full.shape[-1] == 100
     # The same pixels and the same repeated last column, only fewer of them.
-    assert torch.equal(stepped, full[..., :stepped.shape[-1]])
+    assert torch.equal(stepped, full[..., : stepped.shape[-1]])
     # Stretched images (keep_aspect false) are always img_width wide, whatever the step.
     assert ImageTransform(Preprocessing(32, 100), width_step=8)(image_bytes).shape[-1] == 100
 
@@ -47,7 +48,9 @@ def test_an_image_is_padded_to_the_next_step_and_reads_like_the_full_width_one(s
 def test_the_eval_loader_batches_by_width_and_keeps_every_sample(synth):
     codec = CTCCodec(load_alphabet(ALPHABET), fold_case=True)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    stepped = LmdbDataset(synth / "val", codec, 26, ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=8))
+    stepped = LmdbDataset(
+        synth / "val", codec, 26, ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=8)
+    )
     widths = []
     for batch in build_eval_loader(stepped, codec, 4, 0, env):
         assert len({image.shape[-1] for image in batch.images}) == 1
@@ -73,16 +76,33 @@ def keep_aspect_checkpoint(tiny_run, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(keep_aspect_checkpoint, synth,
-                                                                               tmp_path):
+def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(keep_aspect_checkpoint, synth, tmp_path):
     dumps, tables = [], []
     for nproc, batch_size in ((1, 7), (2, 3)):
         json_path, dump = tmp_path / f"{nproc}.json", tmp_path / f"{nproc}.tsv"
-        result = subprocess.run(["bash", "scripts/eval.sh", str(keep_aspect_checkpoint), str(synth / "val"),
-                                 "--batch-size", str(batch_size), "--workers", "0", "--json", str(json_path),
-                                 "--dump", str(dump), "--precision", "fp32"],
-                                cwd=REPO, env={**run_env(), "NPROC": str(nproc), "PYTHON": sys.executable},
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                "bash",
+                "scripts/eval.sh",
+                str(keep_aspect_checkpoint),
+                str(synth / "val"),
+                "--batch-size",
+                str(batch_size),
+                "--workers",
+                "0",
+                "--json",
+                str(json_path),
+                "--dump",
+                str(dump),
+                "--precision",
+                "fp32",
+            ],
+            cwd=REPO,
+            env={**run_env(), "NPROC": str(nproc), "PYTHON": sys.executable},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "images/s" in result.stdout
         dumps.append(dump.read_text().splitlines())
@@ -99,7 +119,9 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
     torch.set_num_threads(1)  # as in the eval.sh processes: the same sums in the same order
     try:
         with torch.inference_mode():
-            alone = {index: codec.decode(model(transform(samples[index - 1][0])[None]))[0].text for index in predictions}
+            alone = {
+                index: codec.decode(model(transform(samples[index - 1][0])[None]))[0].text for index in predictions
+            }
     finally:
         torch.set_num_threads(threads)
     assert alone == predictions

@@ -19,6 +19,7 @@ not timed:
   and peak memory (RSS; CUDA max allocated on a GPU).
 Speed depends on everything else running on the machine: measure on an idle one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,22 +50,32 @@ ROUNDS = 5
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", action=ConfigFileOption, default="crnn.yaml",
-                        help="YAML file, or a bare name looked up in configs/")
+    parser.add_argument(
+        "--config", action=ConfigFileOption, default="crnn.yaml", help="YAML file, or a bare name looked up in configs/"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.num_workers=4")
-    parser.add_argument("--precision", choices=PRECISIONS,
-                        help="train.precision, measured alone (default: every candidate side by side)")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="train.precision, measured alone (default: every candidate side by side)",
+    )
     parser.add_argument("--batch-size", type=int, help="train.batch_size: the global batch, across processes")
     parser.add_argument("--threads", type=int, help="train.threads: CPU threads per process (0: cores / processes)")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="train.channels_last")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="train.compile (torch.compile)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per measurement, over 5 rounds (default 30)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="untimed steps before the first round of each measurement")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="untimed steps before the first round of each measurement"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"), help="where to write the results")
     args = parser.parse_args()
-    options = {"train.precision": args.precision, "train.batch_size": args.batch_size, "train.threads": args.threads,
-               "train.channels_last": args.channels_last, "train.compile": args.compile}
+    options = {
+        "train.precision": args.precision,
+        "train.batch_size": args.batch_size,
+        "train.threads": args.threads,
+        "train.channels_last": args.channels_last,
+        "train.compile": args.compile,
+    }
     # The options are overrides too, applied last: `--batch-size 64` wins over `train.batch_size=32`.
     args.overrides += [f"{key}={str(value).lower()}" for key, value in options.items() if value is not None]
     return args
@@ -91,8 +102,9 @@ def matmul_gflops(device: torch.device, precision: str) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def flops_per_image(model: torch.nn.Module, images: torch.Tensor, batch: Batch, device: torch.device
-                    ) -> tuple[float, float]:
+def flops_per_image(
+    model: torch.nn.Module, images: torch.Tensor, batch: Batch, device: torch.device
+) -> tuple[float, float]:
     """(forward, training step) FLOPs per image. oneDNN's fused LSTM is invisible to the counter,
     so it is switched off while counting."""
     with warnings.catch_warnings():
@@ -122,16 +134,18 @@ def timed_images_per_second(run_step: Callable[[], int], *, steps: int, warmup: 
     return images / (time.perf_counter() - start)
 
 
-def best_of_rounds(measurements: dict[tuple[str, str], Callable[[], int]], *, steps: int, warmup: int,
-                   device: torch.device) -> dict[tuple[str, str], float]:
+def best_of_rounds(
+    measurements: dict[tuple[str, str], Callable[[], int]], *, steps: int, warmup: int, device: torch.device
+) -> dict[tuple[str, str], float]:
     """Images/s of each measurement's step, the best of ROUNDS rounds of `steps // ROUNDS` steps. The
     measurements alternate within each round: the machine's clock drifts by 20% over minutes, which would
     otherwise land on whichever was measured second."""
     best = dict.fromkeys(measurements, 0.0)
     for index in range(ROUNDS):
         for key, run_step in measurements.items():
-            rate = timed_images_per_second(run_step, steps=max(1, steps // ROUNDS), warmup=warmup if index == 0 else 0,
-                                           device=device)
+            rate = timed_images_per_second(
+                run_step, steps=max(1, steps // ROUNDS), warmup=warmup if index == 0 else 0, device=device
+            )
             best[key] = max(best[key], rate)
     return best
 
@@ -189,8 +203,9 @@ def benchmark(config: Config, env: DistEnv, *, steps: int, warmup: int, compare:
     }
 
 
-def measure(config: Config, env: DistEnv, setup: Setup, precisions: tuple[str, ...], *, steps: int, warmup: int
-            ) -> dict[str, Any]:
+def measure(
+    config: Config, env: DistEnv, setup: Setup, precisions: tuple[str, ...], *, steps: int, warmup: int
+) -> dict[str, Any]:
     """Every figure, in the order they are taken: FLOPs, the loop and its floor in each precision, data
     loading alone, evaluation, peak memory; rates summed over the processes where a total is given."""
     model = wrap_for_training(setup.model, env, config.train.compile)
@@ -203,45 +218,72 @@ def measure(config: Config, env: DistEnv, setup: Setup, precisions: tuple[str, .
     forward_flops, train_flops = flops_per_image(setup.model, images_in_memory, first, env.device)
 
     def step_on(batch: Batch, precision: str) -> int:
-        train_step(model, batch, optimizer=setup.optimizer, scaler=setup.scaler, grad_clip=config.optim.grad_clip,
-                   device=env.device, precision=precision, memory_format=setup.memory_format, average=setup.average)
+        train_step(
+            model,
+            batch,
+            optimizer=setup.optimizer,
+            scaler=setup.scaler,
+            grad_clip=config.optim.grad_clip,
+            device=env.device,
+            precision=precision,
+            memory_format=setup.memory_format,
+            average=setup.average,
+        )
         setup.scheduler.step()
         return len(batch.labels)
 
     # The loop takes the loader's next batch, its floor the first one again, already in memory.
-    measurements = {(precision, name): (lambda precision=precision, floor=floor:
-                                        step_on(first if floor else next(batches), precision))
-                    for precision in precisions for name, floor in (("train_loop", False), ("compute_floor", True))}
+    measurements = {
+        (precision, name): (
+            lambda precision=precision, floor=floor: step_on(first if floor else next(batches), precision)
+        )
+        for precision in precisions
+        for name, floor in (("train_loop", False), ("compute_floor", True))
+    }
     per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
-    data_per_process = timed_images_per_second(lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup,
-                                               device=env.device)
+    data_per_process = timed_images_per_second(
+        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
+    )
     eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
     keys = list(per_process)
-    totals = dict(zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys],
-                                                        dtype=torch.float64)).tolist()))
+    totals = dict(
+        zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys], dtype=torch.float64)).tolist())
+    )
     data_total = all_reduce_sum(torch.tensor([data_per_process], dtype=torch.float64)).item()
-    by_precision = {precision: {
-        "train_images_per_s": {"per_process_rank0": per_process[precision, "train_loop"],
-                               "total": totals[precision, "train_loop"]},
-        "compute_floor_images_per_s": {"per_process_rank0": per_process[precision, "compute_floor"],
-                                       "total": totals[precision, "compute_floor"]},
-        "eval_images_per_s": eval_total[precision],
-        "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
-    } for precision in precisions}
-    return {"by_precision": by_precision, "forward_flops_per_image": forward_flops,
-            "train_step_flops_per_image": train_flops,
-            "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
-            "peak_rss_mib_rank0": peak_rss_mib, "cuda_max_allocated_mib_rank0": cuda_peak_mib}
+    by_precision = {
+        precision: {
+            "train_images_per_s": {
+                "per_process_rank0": per_process[precision, "train_loop"],
+                "total": totals[precision, "train_loop"],
+            },
+            "compute_floor_images_per_s": {
+                "per_process_rank0": per_process[precision, "compute_floor"],
+                "total": totals[precision, "compute_floor"],
+            },
+            "eval_images_per_s": eval_total[precision],
+            "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+        }
+        for precision in precisions
+    }
+    return {
+        "by_precision": by_precision,
+        "forward_flops_per_image": forward_flops,
+        "train_step_flops_per_image": train_flops,
+        "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
+        "peak_rss_mib_rank0": peak_rss_mib,
+        "cuda_max_allocated_mib_rank0": cuda_peak_mib,
+    }
 
 
 def eval_images_per_second(config: Config, env: DistEnv, setup: Setup, precision: str) -> float:
     """Images/s of `evaluation.evaluate.evaluate` over the first validation set, all processes together."""
     if not setup.val_sets:
         return 0.0
-    val_loader = build_eval_loader(setup.val_sets[0], setup.codec, config.train.eval_batch_size // env.world_size,
-                                   config.data.num_workers, env)
+    val_loader = build_eval_loader(
+        setup.val_sets[0], setup.codec, config.train.eval_batch_size // env.world_size, config.data.num_workers, env
+    )
     evaluate(setup.model, val_loader, setup.codec, env, precision, config.train.channels_last)  # warm-up: workers
     start = time.perf_counter()
     counts = evaluate(setup.model, val_loader, setup.codec, env, precision, config.train.channels_last)
@@ -257,19 +299,28 @@ def rate(images_per_s: dict[str, float], processes: int) -> str:
 
 def report(results: dict, json_path: Path) -> None:
     rows = [
-        ("device", f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} "
-                   f"thread(s)"),
-        ("precision / channels_last / compile", f"{results['precision']} / {results['channels_last']} / "
-                                                f"{results['compile']}"),
+        (
+            "device",
+            f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} " f"thread(s)",
+        ),
+        (
+            "precision / channels_last / compile",
+            f"{results['precision']} / {results['channels_last']} / " f"{results['compile']}",
+        ),
         ("global batch, image", f"{results['global_batch']}, {results['image_size'][0]}x{results['image_size'][1]}"),
         ("train loop, images/s", rate(results["train_images_per_s"], results["processes"])),
         ("compute floor, images/s", rate(results["compute_floor_images_per_s"], results["processes"])),
         ("loop / floor", f"{100 * results['loop_fraction_of_floor']:.1f} %"),
-        ("data loading, images/s", f"{rate(results['data_loading_images_per_s'], results['processes'])} "
-                                   f"({results['data_to_train_ratio']:.1f}x the train loop)"),
+        (
+            "data loading, images/s",
+            f"{rate(results['data_loading_images_per_s'], results['processes'])} "
+            f"({results['data_to_train_ratio']:.1f}x the train loop)",
+        ),
         ("evaluation, images/s", f"{results['eval_images_per_s']:.1f}"),
-        ("GFLOP per image: forward / train step", f"{results['forward_gflops_per_image']:.2f} / "
-                                                  f"{results['train_step_gflops_per_image']:.2f}"),
+        (
+            "GFLOP per image: forward / train step",
+            f"{results['forward_gflops_per_image']:.2f} / " f"{results['train_step_gflops_per_image']:.2f}",
+        ),
         ("effective train GFLOP/s", f"{results['effective_train_gflops_per_s']:.1f}"),
         ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
         ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
@@ -277,18 +328,41 @@ def report(results: dict, json_path: Path) -> None:
     if len(results["by_precision"]) > 1:
         rows.append(("", ""))
         for name, key in (("train loop", "train_images_per_s"), ("compute floor", "compute_floor_images_per_s")):
-            rows.append((f"{name}, images/s, side by side", ", ".join(
-                f"{precision} {figures[key]['total']:.1f}" for precision, figures in results["by_precision"].items())))
-        rows.append(("evaluation, images/s, side by side", ", ".join(
-            f"{precision} {figures['eval_images_per_s']:.1f}"
-            for precision, figures in results["by_precision"].items())))
-        rows.append(("matmul GFLOP/s, side by side", ", ".join(
-            f"{precision} {figures['matmul_gflops_per_s_per_process']:.1f}"
-            for precision, figures in results["by_precision"].items())))
+            rows.append(
+                (
+                    f"{name}, images/s, side by side",
+                    ", ".join(
+                        f"{precision} {figures[key]['total']:.1f}"
+                        for precision, figures in results["by_precision"].items()
+                    ),
+                )
+            )
+        rows.append(
+            (
+                "evaluation, images/s, side by side",
+                ", ".join(
+                    f"{precision} {figures['eval_images_per_s']:.1f}"
+                    for precision, figures in results["by_precision"].items()
+                ),
+            )
+        )
+        rows.append(
+            (
+                "matmul GFLOP/s, side by side",
+                ", ".join(
+                    f"{precision} {figures['matmul_gflops_per_s_per_process']:.1f}"
+                    for precision, figures in results["by_precision"].items()
+                ),
+            )
+        )
         agrees = "agrees" if results["precision"] == results["fastest_precision_in_the_loop"] else "DISAGREES"
-        rows.append((f"train.precision={results['configured_precision']} resolves to",
-                     f"{results['precision']} ({agrees} with the loop's faster: "
-                     f"{results['fastest_precision_in_the_loop']})"))
+        rows.append(
+            (
+                f"train.precision={results['configured_precision']} resolves to",
+                f"{results['precision']} ({agrees} with the loop's faster: "
+                f"{results['fastest_precision_in_the_loop']})",
+            )
+        )
     if results["cuda_max_allocated_mib_rank0"]:
         rows.append(("CUDA max allocated, rank 0", f"{results['cuda_max_allocated_mib_rank0']:.0f} MiB"))
     width = max(len(name) for name, _ in rows)

@@ -11,6 +11,7 @@ quantization on the CPU (--quantize) and its second reading of unconfident image
 contrast-stretched copy (--contrast-pass). Without them EasyOCR runs the float32 network the checkpoint
 was converted from. Prints the share of identical texts and the differences; --json writes every reading.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--easyocr-export", type=Path, help="a folder written by export.py --format easyocr")
     parser.add_argument("--limit", type=int, default=1000, help="compare on at most this many images (default 1000)")
     parser.add_argument("--quantize", action="store_true", help="EasyOCR's int8 quantization (its CPU default)")
-    parser.add_argument("--contrast-pass", action="store_true",
-                        help="EasyOCR's second reading of images read with confidence < 0.1 (its default)")
+    parser.add_argument(
+        "--contrast-pass",
+        action="store_true",
+        help="EasyOCR's second reading of images read with confidence < 0.1 (its default)",
+    )
     parser.add_argument("--json", type=Path, help="write every image's two readings here")
     args = parser.parse_args()
     if args.limit < 1:
@@ -52,8 +56,10 @@ def main() -> int:
     images = encoded_images(args.inputs, args.limit)
     reader = easyocr_reader(args.easyocr_weights, args.easyocr_export, args.quantize)
     records = compare_readings(reader, model, codec, transform, images, args.contrast_pass)
-    print(f"EasyOCR: quantize {'on' if args.quantize else 'off'}, "
-          f"contrast pass {'on' if args.contrast_pass else 'off'}")
+    print(
+        f"EasyOCR: quantize {'on' if args.quantize else 'off'}, "
+        f"contrast pass {'on' if args.contrast_pass else 'off'}"
+    )
     print("\n".join(agreement_lines(records)))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -8,6 +8,7 @@ a few small 1-bit PNGs of words (~200 bytes each) reused in turn, so an image do
 It measures start-up, memory, sampling and reading at scale (docs/data.md, "At MJSynth + SynthText
 scale"); it is not for training a model to read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,14 +48,16 @@ def write_scale_lmdb(path: Path, samples: int, variants: int, seed: int) -> None
     random.Random(seed).shuffle(words)
     images = word_images(words, variants)
     encoded_words = [word.encode("utf-8") for word in words]
-    with (staged_lmdb(path) as staging,
-          lmdb.open(str(staging), map_size=MAP_SIZE, sync=False, mode=FILE_MODE) as env):
-        for key, value in ((image_key, lambda i: images[i % len(images)]),
-                           (label_key, lambda i: encoded_words[i % len(encoded_words)])):
+    with staged_lmdb(path) as staging, lmdb.open(str(staging), map_size=MAP_SIZE, sync=False, mode=FILE_MODE) as env:
+        for key, value in (
+            (image_key, lambda i: images[i % len(images)]),
+            (label_key, lambda i: encoded_words[i % len(encoded_words)]),
+        ):
             for start in range(1, samples + 1, CHUNK):
                 with env.begin(write=True) as txn:
-                    txn.cursor().putmulti(((key(i), value(i)) for i in range(start, min(start + CHUNK, samples + 1))),
-                                          append=True)
+                    txn.cursor().putmulti(
+                        ((key(i), value(i)) for i in range(start, min(start + CHUNK, samples + 1))), append=True
+                    )
         with env.begin(write=True) as txn:
             txn.put(NUM_SAMPLES, str(samples).encode())
         env.sync(True)  # the environment closes before the folder is renamed into place
@@ -75,8 +78,10 @@ def main() -> None:
     write_scale_lmdb(args.out, args.samples, args.variants, args.seed)
     seconds = time.perf_counter() - started
     size = (args.out / "data.mdb").stat().st_blocks * 512
-    print(f"{args.out}: {args.samples:,} samples, {size / 1e9:.2f} GB on disk, in {seconds:.0f} s "
-          f"({args.samples / seconds:,.0f} samples/s)")
+    print(
+        f"{args.out}: {args.samples:,} samples, {size / 1e9:.2f} GB on disk, in {seconds:.0f} s "
+        f"({args.samples / seconds:,.0f} samples/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ sampler's cost per step, and reading speed against a small LMDB of the same imag
 Prints each figure and writes them all to --json. Run it on an idle machine: it times real torchrun
 launches of train.py (the crnn.yaml recipe) and real data loaders. docs/data.md holds this machine's figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,12 @@ from utils.distributed import DistEnv
 
 REPO = Path(__file__).resolve().parents[1]
 # MJSynth's three LMDBs and SynthText's, as configs/mjst.yaml draws them on 8 GPUs.
-MJST_SIZES, MJST_RATIOS, MJST_BATCH, MJST_WORLD = [7_224_586, 802_731, 891_924, 5_522_807], [0.405, 0.045, 0.05, 0.5], 192, 8
+MJST_SIZES, MJST_RATIOS, MJST_BATCH, MJST_WORLD = (
+    [7_224_586, 802_731, 891_924, 5_522_807],
+    [0.405, 0.045, 0.05, 0.5],
+    192,
+    8,
+)
 # A small model: the memory and start-up measured are the data pipeline's, not the network's.
 SMALL_MODEL = ["model.hidden_size=32", "model.channels=[8,16,16,16,32,32,32]"]
 
@@ -49,9 +55,23 @@ def evict_from_page_cache(lmdb_folder: Path) -> None:
 
 
 def train_command(nproc: int, lmdb: Path, val: Path, cache: Path, out_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
-            "--config", "crnn.yaml", f"data.train=[{lmdb}]", f"data.val=[{val}]", f"data.index_cache={cache}",
-            f"train.out_dir={out_dir}", "train.overwrite=true", "train.tensorboard=false", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{lmdb}]",
+        f"data.val=[{val}]",
+        f"data.index_cache={cache}",
+        f"train.out_dir={out_dir}",
+        "train.overwrite=true",
+        "train.tensorboard=false",
+        *overrides,
+    ]
 
 
 def child_env() -> dict[str, str]:
@@ -62,8 +82,13 @@ def seconds_to_first_step(nproc: int, lmdb: Path, val: Path, cache: Path, work: 
     """From launching torchrun to the end of the first optimizer step, as its metrics record stamps it."""
     out_dir = work / "startup"
     launched = time.time()
-    subprocess.run(train_command(nproc, lmdb, val, cache, out_dir, "train.max_steps=1", "train.log_every=1",
-                                 *SMALL_MODEL), cwd=REPO, env=child_env(), check=True, capture_output=True)
+    subprocess.run(
+        train_command(nproc, lmdb, val, cache, out_dir, "train.max_steps=1", "train.log_every=1", *SMALL_MODEL),
+        cwd=REPO,
+        env=child_env(),
+        check=True,
+        capture_output=True,
+    )
     first = json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[0])
     return first["time"] - launched
 
@@ -77,11 +102,17 @@ def measure_startup(big: Path, small: Path, val: Path, work: Path) -> dict:
         warm = seconds_to_first_step(nproc, big, val, cache, work)
         seconds_to_first_step(nproc, small, val, cache, work)  # builds the small LMDB's entry
         model_only = seconds_to_first_step(nproc, small, val, cache, work)
-        results[f"{nproc}_process"] = {"cold_s": round(cold, 1), "warm_s": round(warm, 1),
-                                       "small_lmdb_warm_s": round(model_only, 1),
-                                       "warm_beyond_small_s": round(warm - model_only, 1)}
-        print(f"start-up, {nproc} process(es): cold {cold:.1f} s, warm {warm:.1f} s, the {small.name} LMDB "
-              f"{model_only:.1f} s: warm costs {warm - model_only:+.1f} s beyond the model's own start", flush=True)
+        results[f"{nproc}_process"] = {
+            "cold_s": round(cold, 1),
+            "warm_s": round(warm, 1),
+            "small_lmdb_warm_s": round(model_only, 1),
+            "warm_beyond_small_s": round(warm - model_only, 1),
+        }
+        print(
+            f"start-up, {nproc} process(es): cold {cold:.1f} s, warm {warm:.1f} s, the {small.name} LMDB "
+            f"{model_only:.1f} s: warm costs {warm - model_only:+.1f} s beyond the model's own start",
+            flush=True,
+        )
     return results
 
 
@@ -113,8 +144,12 @@ def memory_mb(pid: int) -> dict[str, float]:
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         name, _, value = line.partition(":")
         kb[name] = int(value.split()[0])
-    return {"rss": kb["Rss"] / 1024, "private": kb["Private_Dirty"] / 1024,
-            "pss": kb["Pss"] / 1024, "file": kb["Pss_File"] / 1024}
+    return {
+        "rss": kb["Rss"] / 1024,
+        "private": kb["Private_Dirty"] / 1024,
+        "pss": kb["Pss"] / 1024,
+        "file": kb["Pss_File"] / 1024,
+    }
 
 
 def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> list[dict]:
@@ -123,8 +158,18 @@ def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> 
     # The schedule runs far beyond the last snapshot: a small model reaches twice its step between two
     # polls, and a run that is ending takes its workers away while they are being measured.
     out_dir, beyond = work / "memory", 100 * checkpoints[-1]
-    command = train_command(2, big, val, work / "cache2", out_dir, f"train.max_steps={beyond}", "train.log_every=10",
-                            f"train.eval_every={beyond}", f"train.save_every={beyond}", *SMALL_MODEL)
+    command = train_command(
+        2,
+        big,
+        val,
+        work / "cache2",
+        out_dir,
+        f"train.max_steps={beyond}",
+        "train.log_every=10",
+        f"train.eval_every={beyond}",
+        f"train.save_every={beyond}",
+        *SMALL_MODEL,
+    )
     agent = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     snapshots, pending = [], list(checkpoints)
     try:
@@ -138,12 +183,20 @@ def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> 
             tree = process_tree(agent.pid)
             trainers = sorted(pid for pid, parent in tree.items() if parent == agent.pid)
             processes = [{"role": "trainer", "pid": pid, **memory_mb(pid)} for pid in trainers]
-            processes += [{"role": "worker", "pid": pid, "of": parent, **memory_mb(pid)}
-                          for pid, parent in sorted(tree.items()) if parent in trainers]
+            processes += [
+                {"role": "worker", "pid": pid, "of": parent, **memory_mb(pid)}
+                for pid, parent in sorted(tree.items())
+                if parent in trainers
+            ]
             snapshots.append({"step": step, "processes": processes})
-            private = {role: [round(p["private"]) for p in processes if p["role"] == role] for role in ("trainer", "worker")}
-            print(f"memory at step {step}: private MB, trainers {private['trainer']}, workers {private['worker']}; "
-                  f"PSS of all {sum(p['pss'] for p in processes):.0f} MB", flush=True)
+            private = {
+                role: [round(p["private"]) for p in processes if p["role"] == role] for role in ("trainer", "worker")
+            }
+            print(
+                f"memory at step {step}: private MB, trainers {private['trainer']}, workers {private['worker']}; "
+                f"PSS of all {sum(p['pss'] for p in processes):.0f} MB",
+                flush=True,
+            )
             pending.pop(0)
     finally:
         if agent.poll() is None:
@@ -154,7 +207,9 @@ def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> 
                 agent.kill()
                 agent.wait()
     if pending:
-        raise RuntimeError(f"the memory run ended (exit {agent.returncode}) before step {pending[0]}: {' '.join(command)}")
+        raise RuntimeError(
+            f"the memory run ended (exit {agent.returncode}) before step {pending[0]}: {' '.join(command)}"
+        )
     return snapshots
 
 
@@ -173,12 +228,22 @@ def measure_sampler(sizes: list[int], ratios: list[float] | None, batch: int, wo
     for step in range(1, steps + 1):
         sampler.global_batch_indices(step)
     per_step = (time.perf_counter() - started) / steps
-    result = {"samples": sum(sizes), "ratios": ratios, "global_batch": batch, "first_batch_ms": round(first * 1e3, 1),
-              "per_batch_ms": round(per_step * 1e3, 3), "memory_mb": round(private_mb() - before, 1),
-              "per_batch_over_an_epoch_ms": round((first + per_step * sampler.batches_per_epoch) /
-                                                  sampler.batches_per_epoch * 1e3, 3)}
-    print(f"sampler, {sum(sizes):,} samples, ratios {ratios}: first batch {result['first_batch_ms']} ms (draws the "
-          f"permutations), then {result['per_batch_ms']} ms per batch; permutations {result['memory_mb']} MB", flush=True)
+    result = {
+        "samples": sum(sizes),
+        "ratios": ratios,
+        "global_batch": batch,
+        "first_batch_ms": round(first * 1e3, 1),
+        "per_batch_ms": round(per_step * 1e3, 3),
+        "memory_mb": round(private_mb() - before, 1),
+        "per_batch_over_an_epoch_ms": round(
+            (first + per_step * sampler.batches_per_epoch) / sampler.batches_per_epoch * 1e3, 3
+        ),
+    }
+    print(
+        f"sampler, {sum(sizes):,} samples, ratios {ratios}: first batch {result['first_batch_ms']} ms (draws the "
+        f"permutations), then {result['per_batch_ms']} ms per batch; permutations {result['memory_mb']} MB",
+        flush=True,
+    )
     return result
 
 
@@ -213,8 +278,12 @@ def main() -> None:
     parser.add_argument("--big", type=Path, required=True, help="the large LMDB (tools/make_scale_lmdb.py)")
     parser.add_argument("--small", type=Path, required=True, help="a small LMDB of the same images, e.g. 50,000")
     parser.add_argument("--val", type=Path, required=True, help="a small validation LMDB for the runs")
-    parser.add_argument("--only", nargs="+", choices=["startup", "memory", "sampler", "reading"],
-                        default=["startup", "memory", "sampler", "reading"])
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=["startup", "memory", "sampler", "reading"],
+        default=["startup", "memory", "sampler", "reading"],
+    )
     parser.add_argument("--memory-steps", type=int, nargs="+", default=[10, 1000, 5000])
     parser.add_argument("--read-batches", type=int, default=200, help="batches of 256 per reading measurement")
     parser.add_argument("--workers", type=int, default=2, help="loader workers for the reading measurement")
@@ -228,11 +297,14 @@ def main() -> None:
         if "memory" in args.only:
             results["memory"] = measure_memory(args.big, args.val, work, args.memory_steps)
         if "sampler" in args.only:
-            results["sampler"] = [measure_sampler(MJST_SIZES, MJST_RATIOS, MJST_BATCH, MJST_WORLD),
-                                  measure_sampler([sum(MJST_SIZES)], None, MJST_BATCH, MJST_WORLD)]
+            results["sampler"] = [
+                measure_sampler(MJST_SIZES, MJST_RATIOS, MJST_BATCH, MJST_WORLD),
+                measure_sampler([sum(MJST_SIZES)], None, MJST_BATCH, MJST_WORLD),
+            ]
         if "reading" in args.only:
-            results["reading_images_per_s"] = measure_reading(args.big, args.small, work, args.read_batches,
-                                                              args.workers)
+            results["reading_images_per_s"] = measure_reading(
+                args.big, args.small, work, args.read_batches, args.workers
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)

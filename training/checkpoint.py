@@ -19,6 +19,7 @@ and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     raw_model, average_updates   with optim.ema_decay > 0: the weights the optimizer steps, and how
                     many steps the average has taken in
 """
+
 from __future__ import annotations
 
 import pickle
@@ -59,14 +60,31 @@ def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
     write_atomically(path, lambda file: torch.save(checkpoint, file))
 
 
-def weights_checkpoint(model: nn.Module, config: Config, alphabet: str, preprocessing: Preprocessing, *, step: int,
-                       accuracy: float | None, world_size: int, precision: str = "fp32") -> dict[str, Any]:
+def weights_checkpoint(
+    model: nn.Module,
+    config: Config,
+    alphabet: str,
+    preprocessing: Preprocessing,
+    *,
+    step: int,
+    accuracy: float | None,
+    world_size: int,
+    precision: str = "fp32",
+) -> dict[str, Any]:
     """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
     what the run trained in (train.precision, with `auto` resolved)."""
-    return {"format": FORMAT, "model": model.state_dict(), "step": step, "accuracy": accuracy,
-            "config": to_dict(config), "alphabet": alphabet, "preprocessing": preprocessing.to_dict(),
-            "world_size": world_size, "precision": precision,
-            "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]}}
+    return {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "step": step,
+        "accuracy": accuracy,
+        "config": to_dict(config),
+        "alphabet": alphabet,
+        "preprocessing": preprocessing.to_dict(),
+        "world_size": world_size,
+        "precision": precision,
+        "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]},
+    }
 
 
 def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, option: str) -> list[str]:
@@ -79,13 +97,18 @@ def check_config(checkpoint: dict[str, Any], path: str | Path, config: Config, o
         return []
     changes = config_changes(checkpoint["config"], config)
     if changes.model:
-        raise ConfigError(f"{option}={path}: its weights were trained for another model (checkpoint -> this run):\n  "
-                          + "\n  ".join(changes.model) + "\nset these keys as the checkpoint has them (its weights "
-                          f"fit no other values), or start without {option}")
+        raise ConfigError(
+            f"{option}={path}: its weights were trained for another model (checkpoint -> this run):\n  "
+            + "\n  ".join(changes.model)
+            + "\nset these keys as the checkpoint has them (its weights "
+            f"fit no other values), or start without {option}"
+        )
     if option == "train.resume" and changes.optimizer:
-        raise ConfigError(f"{option}={path}: its optimizer state belongs to another optimizer (checkpoint -> this "
-                          f"run):\n  " + "\n  ".join(changes.optimizer) + "\nset it back to continue that run, or "
-                          f"start a new run from its weights with train.init_from={path}")
+        raise ConfigError(
+            f"{option}={path}: its optimizer state belongs to another optimizer (checkpoint -> this "
+            f"run):\n  " + "\n  ".join(changes.optimizer) + "\nset it back to continue that run, or "
+            f"start a new run from its weights with train.init_from={path}"
+        )
     return sorted(changes.optimizer + changes.run + changes.resumable)
 
 
@@ -107,8 +130,9 @@ def check_checkpoint_path(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         inside = [path / name for name in ("best.pt", "last.pt") if (path / name).is_file()]
-        raise FileNotFoundError(f"checkpoint {path} is a folder; give a .pt file"
-                                + (f", e.g. {inside[0]}" if inside else ""))
+        raise FileNotFoundError(
+            f"checkpoint {path} is a folder; give a .pt file" + (f", e.g. {inside[0]}" if inside else "")
+        )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     return path
@@ -123,8 +147,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     # unpickler and be called unsafe, or worse, when it is only another kind of file (a data.mdb, an image).
     if not header.startswith((b"PK\x03\x04", b"\x80")):
         what = "an empty file" if not header else "neither a zip archive nor a pickle"
-        raise ValueError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or "
-                         f"torch.save")
+        raise ValueError(
+            f"{path}: not a PyTorch checkpoint ({what}); give a .pt file written by train.py or " f"torch.save"
+        )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -146,8 +171,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return checkpoint
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", config: Config | None = None
-               ) -> tuple[nn.Module, CTCCodec, Config, Preprocessing]:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", config: Config | None = None
+) -> tuple[nn.Module, CTCCodec, Config, Preprocessing]:
     """A model ready for inference on `device`, its codec, config and preprocessing, from one file.
 
     The architecture, alphabet and preprocessing come from the checkpoint; a bare state dict needs
@@ -199,8 +225,11 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
     changes = check_config(checkpoint, path, config, "train.init_from") if config is not None else []
     source, target = checkpoint["model"], model.state_dict()
     classifier = classifier_keys(target, len(alphabet) + 1)
-    loaded = {key: value for key, value in source.items()
-              if key in target and target[key].shape == value.shape and key not in classifier}
+    loaded = {
+        key: value
+        for key, value in source.items()
+        if key in target and target[key].shape == value.shape and key not in classifier
+    }
     notes = []
     if classifier:
         rows, note = classifier_rows_by_character(source, target, classifier, checkpoint.get("alphabet"), alphabet)
@@ -216,20 +245,29 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
     return "\n".join([f"init_from {path}: loaded {len(loaded)} of {len(target)} tensors", *notes])
 
 
-def classifier_rows_by_character(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
-                                 classifier: list[str], old_alphabet: str | None, alphabet: str
-                                 ) -> tuple[dict[str, torch.Tensor], str]:
+def classifier_rows_by_character(
+    source: dict[str, torch.Tensor],
+    target: dict[str, torch.Tensor],
+    classifier: list[str],
+    old_alphabet: str | None,
+    alphabet: str,
+) -> tuple[dict[str, torch.Tensor], str]:
     """The classifier's tensors for `alphabet`, with each row of a character the checkpoint's
     `old_alphabet` shares copied to its new place (the blank's stays first), and the report's line on
     them. Nothing to load when the rows cannot be matched: the classifier then keeps its fresh start."""
     if not old_alphabet:
-        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
-                    f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
-                    f"scripts/import_weights.py, which records its characters)")
-    if not all(key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:])
-               for key in classifier):
-        return {}, (f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
-                    f"alphabet of {len(old_alphabet)} characters")
+        return {}, (
+            f"  {', '.join(classifier)}: fresh; the checkpoint records no alphabet, so its classifier rows "
+            f"cannot be matched to data.alphabet's characters (a state dict from elsewhere: convert it with "
+            f"scripts/import_weights.py, which records its characters)"
+        )
+    if not all(
+        key in source and source[key].shape == (len(old_alphabet) + 1, *target[key].shape[1:]) for key in classifier
+    ):
+        return {}, (
+            f"  {', '.join(classifier)}: fresh; the checkpoint's classifier does not fit its own "
+            f"alphabet of {len(old_alphabet)} characters"
+        )
     old_rows = {char: row for row, char in enumerate(old_alphabet, start=1)}
     mapping = [(0, 0)] + [(row, old_rows[char]) for row, char in enumerate(alphabet, start=1) if char in old_rows]
     mapped = {}
@@ -239,22 +277,26 @@ def classifier_rows_by_character(source: dict[str, torch.Tensor], target: dict[s
             mapped[key][new] = source[key][old]
     moved = sum(new != old for new, old in mapping)
     dropped = len(old_alphabet) - (len(mapping) - 1)
-    return mapped, (f"  classifier ({', '.join(classifier)}): rows matched by character: "
-                    f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
-                    f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
-                    + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped"
-                       if dropped else ""))
+    return mapped, (
+        f"  classifier ({', '.join(classifier)}): rows matched by character: "
+        f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
+        f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
+        + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped" if dropped else "")
+    )
 
 
-def check_backbone_fits(target: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor], classifier: list[str],
-                        path: str | Path) -> None:
+def check_backbone_fits(
+    target: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor], classifier: list[str], path: str | Path
+) -> None:
     """Every tensor outside the classifier must load: a backbone that does not fit would train from
     scratch under a name that says otherwise."""
-    fresh = sorted(key for key in target if key not in loaded and key not in classifier
-                   and not key.endswith("num_batches_tracked"))  # a counter BatchNorm keeps, not a weight
+    fresh = sorted(
+        key for key in target if key not in loaded and key not in classifier and not key.endswith("num_batches_tracked")
+    )  # a counter BatchNorm keeps, not a weight
     if fresh:
         raise ConfigError(
             f"train.init_from={path}: {len(fresh)} of the model's {len(target) - len(classifier)} tensors outside "
             f"the classifier are missing from it or of another shape ({', '.join(fresh[:4])}"
             f"{', ...' if len(fresh) > 4 else ''}): it was made for another architecture; set model.* as it was "
-            f"trained, or start without train.init_from")
+            f"trained, or start without train.init_from"
+        )

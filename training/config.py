@@ -11,6 +11,7 @@ What was typed is what is used. PyYAML reads YAML 1.1, where `017` is 15, `1:30`
 (`read_plain`): a number reads as a reader would read it, and a form YAML 1.1 reads otherwise is refused
 with what to write. `~` in a path key is the home folder, in files and on the command line alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,13 @@ def bound_to(part: str, default: Any = dataclasses.MISSING, *, factory: Any = da
     return field(default=default, default_factory=factory, metadata={BOUND_TO: part})
 
 
-def path_field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, may_change: bool = False,
-               words: tuple[str, ...] = ()) -> Any:
+def path_field(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    may_change: bool = False,
+    words: tuple[str, ...] = (),
+) -> Any:
     """A field naming a file or folder (or a list of them). `words`: values that are settings, not paths
     (`auto`, `none`, `off`); the empty value is refused unless it is one of them."""
     return field(default=default, default_factory=factory, metadata={PATH: words, RESUMABLE: may_change})
@@ -165,8 +171,9 @@ class TrainConfig:
 # The `augment` section: a key per entry of data/augment.py's AUGMENTATIONS, a probability (0 to 1) that
 # overrides data.augment's level for that transform; null: the level's. Made from the table, so that an
 # augmentation a fork adds there is a key here without a line in this file.
-AugmentConfig = dataclasses.make_dataclass("AugmentConfig", [(step.name, float | None, field(default=None))
-                                                             for step in AUGMENTATIONS])
+AugmentConfig = dataclasses.make_dataclass(
+    "AugmentConfig", [(step.name, float | None, field(default=None)) for step in AUGMENTATIONS]
+)
 AugmentConfig.__module__ = __name__  # where pickle looks for it (make_dataclass would say `types`)
 
 
@@ -204,8 +211,9 @@ BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": F
 DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 # A real number as Python and YAML 1.2 write it (`1e-3` too), or infinity and NaN (`.inf`, `nan`: the
 # range checks in `validate` then name the key).
-REAL = re.compile(r"[-+]?(([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+"
-                  r"|\.?(?i:inf|infinity|nan))")
+REAL = re.compile(
+    r"[-+]?(([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+" r"|\.?(?i:inf|infinity|nan))"
+)
 
 
 def real(text: str) -> float:
@@ -231,17 +239,32 @@ def prefixed_number(text: str, reading: Any) -> str:
 # Forms that YAML 1.1, YAML 1.2 or Python read otherwise than a person does: (pattern, why, what to
 # write instead, from the text and PyYAML's reading of it).
 AMBIGUOUS: tuple[tuple[re.Pattern, str, Callable[[str, Any], str]], ...] = (
-    (re.compile(r"(?i)yes|no|on|off|y|n"), "YAML 1.1 reads yes/no/on/off as true/false",
-     lambda text, reading: "true or false"),
+    (
+        re.compile(r"(?i)yes|no|on|off|y|n"),
+        "YAML 1.1 reads yes/no/on/off as true/false",
+        lambda text, reading: "true or false",
+    ),
     (re.compile(r"[-+]?0[0-9_]+"), "a leading 0 makes it octal in YAML 1.1", decimal_or_octal),
-    (re.compile(r"[-+]?0[xob][0-9a-fA-F_]*"), "a 0x, 0o or 0b prefix: YAML 1.1 reads 0x and 0b, not 0o",
-     prefixed_number),
-    (re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"), "YAML 1.1 reads numbers with ':' in base 60",
-     lambda text, reading: f"{reading}, the value in decimal, if that is what you meant"),
-    (re.compile(r"[-+]?[0-9._]*_[0-9._]*([eE][-+]?[0-9]+)?"), "YAML 1.1 drops the '_', YAML 1.2 reads text",
-     lambda text, reading: text.replace("_", "")),
-    (re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*"), "YAML reads it as a date",
-     lambda text, reading: f"'{text}', quoted"),
+    (
+        re.compile(r"[-+]?0[xob][0-9a-fA-F_]*"),
+        "a 0x, 0o or 0b prefix: YAML 1.1 reads 0x and 0b, not 0o",
+        prefixed_number,
+    ),
+    (
+        re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"),
+        "YAML 1.1 reads numbers with ':' in base 60",
+        lambda text, reading: f"{reading}, the value in decimal, if that is what you meant",
+    ),
+    (
+        re.compile(r"[-+]?[0-9._]*_[0-9._]*([eE][-+]?[0-9]+)?"),
+        "YAML 1.1 drops the '_', YAML 1.2 reads text",
+        lambda text, reading: text.replace("_", ""),
+    ),
+    (
+        re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*"),
+        "YAML reads it as a date",
+        lambda text, reading: f"'{text}', quoted",
+    ),
 )
 
 
@@ -259,8 +282,10 @@ class ConfigLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
-                raise ConfigError(f"{self.name}:{line}: {key!r} is given twice in the same section (first at line "
-                                  f"{seen[key]}); YAML would keep only the last: merge them into one")
+                raise ConfigError(
+                    f"{self.name}:{line}: {key!r} is given twice in the same section (first at line "
+                    f"{seen[key]}); YAML would keep only the last: merge them into one"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -304,11 +329,18 @@ class ConfigFileOption(argparse.Action):
     """`--config FILE` of every command, refused when given twice: argparse would keep the second file
     and drop every value of the first without a word."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        value: Any,
+        option_string: str | None = None,
+    ) -> None:
         if getattr(self, "given", None) is not None:
-            raise ConfigError(f"--config is given twice ({self.given}, then {value}); a second file would replace the "
-                              f"first: give one, and override its keys on the command line (e.g. optim.lr=3e-4)")
+            raise ConfigError(
+                f"--config is given twice ({self.given}, then {value}); a second file would replace the "
+                f"first: give one, and override its keys on the command line (e.g. optim.lr=3e-4)"
+            )
         self.given = value
         setattr(namespace, self.dest, value)
 
@@ -320,16 +352,19 @@ def load_config(path: str | None, overrides: list[str]) -> Config:
         config_path = resolve_config_path(path)
         values = read_yaml_file(config_path)
         if values is None:  # an empty file, or comments only: it would silently train the defaults
-            raise ConfigError(f"{config_path} holds no keys; give the config you meant, or leave out --config to "
-                              f"train with the defaults")
+            raise ConfigError(
+                f"{config_path} holds no keys; give the config you meant, or leave out --config to "
+                f"train with the defaults"
+            )
         if not isinstance(values, dict):
             raise ConfigError(f"{config_path}: expected a mapping of sections at the top level")
         apply_values(config, values, prefix="", source=str(config_path))
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep and override.endswith((".yaml", ".yml")):
-            raise ConfigError(f"override {override!r}: expected key=value; to read a config file, give --config "
-                              f"{override}")
+            raise ConfigError(
+                f"override {override!r}: expected key=value; to read a config file, give --config " f"{override}"
+            )
         if not sep or not key:
             raise ConfigError(f"override {override!r}: expected key=value, e.g. optim.lr=3e-4")
         set_value(config, key.strip(), text, source="command line")
@@ -418,8 +453,10 @@ def read_plain(text: PlainText, key: str, source: str, may_be_text: bool = False
             reading = yaml_1_1(text)
             written = write(text, reading)
             quote = ", or quote it for the text" if may_be_text and not written.startswith("'") else ""
-            raise ConfigError(f"{source}: {key}={text} is ambiguous ({why}; PyYAML alone reads {reading!r}); write "
-                              f"{written}{quote}")
+            raise ConfigError(
+                f"{source}: {key}={text} is ambiguous ({why}; PyYAML alone reads {reading!r}); write "
+                f"{written}{quote}"
+            )
     return str(text)
 
 
@@ -461,8 +498,10 @@ def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
     if expected is str:
         if isinstance(value, PlainText):  # a string key takes the text as typed
             if value == "~":
-                raise ConfigError(f"{source}: {key}=~ is ambiguous (null in YAML, the home folder in a shell); "
-                                  f"write '' for none, or the folder itself (~/ and a name)")
+                raise ConfigError(
+                    f"{source}: {key}=~ is ambiguous (null in YAML, the home folder in a shell); "
+                    f"write '' for none, or the folder itself (~/ and a name)"
+                )
             return "" if value in NULLS else str(value)
         if not isinstance(value, str):
             raise wrong("a string (quote it in YAML)")
@@ -523,8 +562,10 @@ def validate(config: Config) -> None:
         raise ConfigError(str(error)) from None
     check_datasets(config)
     if config.train.resume not in RESUME_WORDS and config.train.init_from:
-        raise ConfigError("train.resume names a checkpoint and train.init_from is set: resume continues a run,"
-                          " init_from starts one; keep one of them")
+        raise ConfigError(
+            "train.resume names a checkpoint and train.init_from is set: resume continues a run,"
+            " init_from starts one; keep one of them"
+        )
     check_case_folding(config)
     try:
         check_model_config(config.model)
@@ -573,15 +614,22 @@ def check_ranges(config: Config) -> None:
         "optim.ema_decay": (optim.ema_decay, 0, math.inf),
     }
     ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
-    ranges.update({f"augment.{name}": (value, 0, 1) for name, value in dataclasses.asdict(config.augment).items()
-                   if value is not None})
+    ranges.update(
+        {
+            f"augment.{name}": (value, 0, 1)
+            for name, value in dataclasses.asdict(config.augment).items()
+            if value is not None
+        }
+    )
     for key, (value, lowest, highest) in ranges.items():
         problem = out_of_range(key, value, lowest, highest)
         if problem:
             raise ConfigError(problem)
     if optim.ema_decay >= 1:  # the range check above has seen it is at least 0
-        raise ConfigError(f"optim.ema_decay={optim.ema_decay}: must be below 1 (the average would never "
-                          f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps")
+        raise ConfigError(
+            f"optim.ema_decay={optim.ema_decay}: must be below 1 (the average would never "
+            f"move); 0 turns the average off, 0.999 averages over about the last 1,000 steps"
+        )
 
 
 def check_datasets(config: Config) -> None:
@@ -590,14 +638,18 @@ def check_datasets(config: Config) -> None:
     if not data.train:
         raise ConfigError("data.train is empty: list at least one LMDB folder")
     if not data.val:  # best.pt would hold the weights of the first validation, of nothing, forever
-        raise ConfigError("data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
-                          "checkpoint that scores best there (a held-out part of the training data will do)")
+        raise ConfigError(
+            "data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
+            "checkpoint that scores best there (a held-out part of the training data will do)"
+        )
     for key, roots in (("data.train", data.train), ("data.val", data.val)):
         check_listed_once(key, roots)
     ratios = data.train_ratios
     if ratios and (len(ratios) != len(data.train) or sum(ratios) <= 0):  # each >= 0: check_ranges
-        raise ConfigError(f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
-                          f"({len(data.train)}), not all 0")
+        raise ConfigError(
+            f"data.train_ratios={ratios}: give one ratio of 0 or more per data.train entry "
+            f"({len(data.train)}), not all 0"
+        )
 
 
 def config_warnings(config: Config) -> list[str]:
@@ -605,8 +657,10 @@ def config_warnings(config: Config) -> list[str]:
     (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
     optim, steps = config.optim, config.train.max_steps
     if optim.warmup_steps > steps:
-        return [f"optim.warmup_steps={optim.warmup_steps} is more than train.max_steps={steps}: the learning rate "
-                f"never reaches optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"]
+        return [
+            f"optim.warmup_steps={optim.warmup_steps} is more than train.max_steps={steps}: the learning rate "
+            f"never reaches optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"
+        ]
     return []
 
 
@@ -616,9 +670,10 @@ def check_listed_once(key: str, roots: list[str]) -> None:
     for i, root in enumerate(roots):
         same = first.setdefault(os.path.realpath(root), i)
         if same != i:
-            raise ConfigError(f"{key} lists one LMDB twice: {key}[{same}]={roots[same]} and {key}[{i}]={root}; list it "
-                              f"once" + (" (data.train_ratios sets each LMDB's share of a batch)"
-                                         if key == "data.train" else ""))
+            raise ConfigError(
+                f"{key} lists one LMDB twice: {key}[{same}]={roots[same]} and {key}[{i}]={root}; list it "
+                f"once" + (" (data.train_ratios sets each LMDB's share of a batch)" if key == "data.train" else "")
+            )
 
 
 def check_case_folding(config: Config) -> None:
@@ -629,9 +684,11 @@ def check_case_folding(config: Config) -> None:
     conflicts = CTCCodec(load_alphabet(config.data.alphabet), fold_case=True).case_folding_conflicts()
     if conflicts:
         shown = "".join(conflicts[:10]) + ("..." if len(conflicts) > 10 else "")
-        raise ConfigError(f"data.fold_case=true lowercases every label, but data.alphabet has {len(conflicts)} "
-                          f"character(s) no lowercased label holds ({shown}): the model would never learn them. Set "
-                          f"data.fold_case=false to read case, or remove them from data.alphabet")
+        raise ConfigError(
+            f"data.fold_case=true lowercases every label, but data.alphabet has {len(conflicts)} "
+            f"character(s) no lowercased label holds ({shown}): the model would never learn them. Set "
+            f"data.fold_case=false to read case, or remove them from data.alphabet"
+        )
 
 
 def leaf_fields(node: Any = None, prefix: str = "") -> dict[str, dataclasses.Field]:

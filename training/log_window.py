@@ -1,4 +1,5 @@
 """The training numbers between two log lines, summed over every rank and carried across a resume."""
+
 from __future__ import annotations
 
 import time
@@ -43,9 +44,13 @@ class LogWindow:
     def record(self, world_size: int) -> dict[str, Any]:
         """The log line's numbers (a collective); the window starts again empty."""
         losses, (infinite, undecodable, skipped, samples) = self.reduce()
-        record = {"loss": sum(losses) / world_size / max(len(losses), 1),
-                  "images_per_s": samples / (time.perf_counter() - self.start),
-                  "infinite_losses": infinite, "undecodable_images": undecodable, "skipped_steps": skipped}
+        record = {
+            "loss": sum(losses) / world_size / max(len(losses), 1),
+            "images_per_s": samples / (time.perf_counter() - self.start),
+            "infinite_losses": infinite,
+            "undecodable_images": undecodable,
+            "skipped_steps": skipped,
+        }
         self.__init__(self.device)
         return record
 

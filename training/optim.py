@@ -8,6 +8,7 @@ A fork adds an optimizer or a schedule with one entry in its dict below, e.g.
 
 and `optim.name=sgd` or `optim.schedule=linear` then selects it.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,23 +26,27 @@ OptimSection = Any
 OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.optim.Optimizer]] = {
     # Fused: one kernel for all parameters instead of a loop over them, 1.4 ms against 5-8 ms a step
     # for configs/crnn.yaml's model on one CPU thread (docs/performance.md).
-    "adam": lambda parameters, optim: torch.optim.Adam(parameters, lr=optim.lr, weight_decay=optim.weight_decay,
-                                                       fused=True),
+    "adam": lambda parameters, optim: torch.optim.Adam(
+        parameters, lr=optim.lr, weight_decay=optim.weight_decay, fused=True
+    ),
     # The deep-text-recognition-benchmark recipe (use optim.lr=1.0).
-    "adadelta": lambda parameters, optim: torch.optim.Adadelta(parameters, lr=optim.lr, rho=0.95, eps=1e-8,
-                                                               weight_decay=optim.weight_decay),
+    "adadelta": lambda parameters, optim: torch.optim.Adadelta(
+        parameters, lr=optim.lr, rho=0.95, eps=1e-8, weight_decay=optim.weight_decay
+    ),
 }
 
 # optim.schedule -> the factor of optim.lr after the warm-up, from the share of those steps done (0 to 1).
 SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {
-    "cosine": lambda progress, optim: (optim.min_lr_ratio
-                                       + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))),
+    "cosine": lambda progress, optim: (
+        optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    ),
     "constant": lambda progress, optim: 1.0,
 }
 
 
-def build_optimizer(optim: OptimSection, max_steps: int, model: nn.Module
-                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    optim: OptimSection, max_steps: int, model: nn.Module
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The run's optimizer over `model`'s parameters, and its learning rate: a linear warm-up over
     optim.warmup_steps, then the schedule over the rest of the `max_steps` (train.max_steps)."""
     optimizer = OPTIMIZERS[optim.name](model.parameters(), optim)

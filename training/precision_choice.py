@@ -1,5 +1,6 @@
 """`precision: auto`, measured: the model's own step timed in each candidate precision
 (utils/precision.py chooses and caches), the same choice on every rank."""
+
 from __future__ import annotations
 
 import copy
@@ -22,10 +23,18 @@ def model_signature(model: nn.Module) -> str:
     return f"{type(model).__name__} {hashlib.sha1(shapes.encode()).hexdigest()[:12]}"
 
 
-def choose_precision(setting: str, device: torch.device, model: nn.Module, input_shape: tuple[int, int, int, int],
-                     training: bool, memory_format: torch.memory_format = torch.contiguous_format,
-                     log: Callable[[str], None] = print, is_main: bool = True,
-                     group: torch.distributed.ProcessGroup | None = None, option: str = "train.precision") -> str:
+def choose_precision(
+    setting: str,
+    device: torch.device,
+    model: nn.Module,
+    input_shape: tuple[int, int, int, int],
+    training: bool,
+    memory_format: torch.memory_format = torch.contiguous_format,
+    log: Callable[[str], None] = print,
+    is_main: bool = True,
+    group: torch.distributed.ProcessGroup | None = None,
+    option: str = "train.precision",
+) -> str:
     """`setting` as a precision; for `auto`, the faster of the candidates for `model` on inputs of
     `input_shape` ([B, C, H, W], one process's batch): a training step (forward, fp32 CTC loss,
     backward) when `training`, a forward pass under inference_mode otherwise. Every rank times its
@@ -34,8 +43,10 @@ def choose_precision(setting: str, device: torch.device, model: nn.Module, input
     if setting != "auto":
         return resolve_precision(setting, device, option=option)
     time_step = (training_step_timer if training else forward_timer)(model, input_shape, device, memory_format)
-    shape = (f"{'train' if training else 'infer'} {model_signature(model)} | {'x'.join(map(str, input_shape))}"
-             f" | {'channels_last' if memory_format == torch.channels_last else 'contiguous'}")
+    shape = (
+        f"{'train' if training else 'infer'} {model_signature(model)} | {'x'.join(map(str, input_shape))}"
+        f" | {'channels_last' if memory_format == torch.channels_last else 'contiguous'}"
+    )
     choice = resolve_precision(setting, device, time_step, shape, log if is_main else lambda _: None)
     return broadcast_object(choice, group=group)
 
@@ -47,15 +58,17 @@ def inference_shape(preprocessing: Preprocessing, batch_size: int) -> tuple[int,
     return min(batch_size, 64), preprocessing.channels, preprocessing.height, width
 
 
-def synthetic_batch(input_shape: tuple[int, int, int, int], device: torch.device, memory_format: torch.memory_format
-                    ) -> torch.Tensor:
+def synthetic_batch(
+    input_shape: tuple[int, int, int, int], device: torch.device, memory_format: torch.memory_format
+) -> torch.Tensor:
     # A generator of its own: timing must not move the run's random streams (exact resume depends on them).
     images = torch.rand(input_shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
     return images.to(device, memory_format=memory_format)
 
 
-def training_step_timer(model: nn.Module, input_shape: tuple[int, int, int, int], device: torch.device,
-                        memory_format: torch.memory_format) -> Callable[[str], float]:
+def training_step_timer(
+    model: nn.Module, input_shape: tuple[int, int, int, int], device: torch.device, memory_format: torch.memory_format
+) -> Callable[[str], float]:
     """seconds(precision) of one forward + fp32 CTC loss + backward, on a copy of `model` (its BatchNorm
     statistics and gradients stay untouched). The optimizer step is left out: it runs in fp32 either way."""
     trial = copy.deepcopy(model).train()
@@ -80,13 +93,18 @@ def training_step_timer(model: nn.Module, input_shape: tuple[int, int, int, int]
             losses.mean().backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+
         return timed(run)
 
     return step
 
 
-def forward_timer(model: nn.Module, input_shape: tuple[int, int, int, int], device: torch.device,
-                  memory_format: torch.memory_format = torch.contiguous_format) -> Callable[[str], float]:
+def forward_timer(
+    model: nn.Module,
+    input_shape: tuple[int, int, int, int],
+    device: torch.device,
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> Callable[[str], float]:
     """seconds(precision) of one inference forward pass of `model` (evaluation, prediction)."""
     images = synthetic_batch(input_shape, device, memory_format)
 
@@ -100,6 +118,7 @@ def forward_timer(model: nn.Module, input_shape: tuple[int, int, int, int], devi
             model.train(was_training)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+
         return timed(run)
 
     return step

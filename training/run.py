@@ -1,5 +1,6 @@
 """A training run as one object, and its state as a training checkpoint holds it: saved with one call
 (`Run.state_dict()`) and resumed with one (`Run.load_state_dict()`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,9 +36,16 @@ class Run:
         """What best.pt holds: the weights validation scores at this step, and `accuracy`, their score
         on data.val (None when not scored)."""
         setup = self.setup
-        return weights_checkpoint(setup.evaluated_model, self.config, setup.codec.alphabet, setup.preprocessing,
-                                  step=self.state.step, accuracy=accuracy, world_size=self.env.world_size,
-                                  precision=setup.precision)
+        return weights_checkpoint(
+            setup.evaluated_model,
+            self.config,
+            setup.codec.alphabet,
+            setup.preprocessing,
+            step=self.state.step,
+            accuracy=accuracy,
+            world_size=self.env.world_size,
+            precision=setup.precision,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The weights plus everything an exact resume needs. A collective: every rank calls it and adds
@@ -48,10 +56,16 @@ class Run:
         setup, state = self.setup, self.state
         log_window = state.window.state_dict()
         rng = gather_objects(capture_rng_state(self.env.device), group=self.env.cpu_group)
-        checkpoint = {**self.weights(accuracy=None), "optimizer": setup.optimizer.state_dict(),
-                      "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
-                      "best_accuracy": state.best_accuracy, "log_window": log_window, "rng": rng,
-                      "data_sizes": setup.sampler.sizes}
+        checkpoint = {
+            **self.weights(accuracy=None),
+            "optimizer": setup.optimizer.state_dict(),
+            "scheduler": setup.scheduler.state_dict(),
+            "scaler": setup.scaler.state_dict(),
+            "best_accuracy": state.best_accuracy,
+            "log_window": log_window,
+            "rng": rng,
+            "data_sizes": setup.sampler.sizes,
+        }
         if setup.average is not None:
             checkpoint.update(raw_model=setup.model.state_dict(), average_updates=setup.average.updates)
         return checkpoint
@@ -64,14 +78,18 @@ class Run:
         restored last."""
         setup = self.setup
         if not is_training_checkpoint(checkpoint):
-            raise ValueError(f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
-                             f"last.pt, or start from these weights with train.init_from")
+            raise ValueError(
+                f"train.resume: {path} holds weights only (best.pt?); resume from a ckpt-*.pt or "
+                f"last.pt, or start from these weights with train.init_from"
+            )
         alphabet = setup.codec.alphabet
         if checkpoint.get("alphabet") != alphabet:
-            raise ValueError(f"train.resume: {path} was trained with another alphabet "
-                             f"({len(checkpoint.get('alphabet') or '')} characters; data.alphabet has {len(alphabet)}, "
-                             f"or another order). To train on these characters, start a new run from its weights: "
-                             f"train.init_from={path}")
+            raise ValueError(
+                f"train.resume: {path} was trained with another alphabet "
+                f"({len(checkpoint.get('alphabet') or '')} characters; data.alphabet has {len(alphabet)}, "
+                f"or another order). To train on these characters, start a new run from its weights: "
+                f"train.init_from={path}"
+            )
         averaged = "raw_model" in checkpoint
         setup.model.load_state_dict(checkpoint["raw_model"] if averaged else checkpoint["model"], strict=True)
         if setup.average is not None and averaged:
@@ -82,13 +100,15 @@ class Run:
         self.state.window.load_state_dict(checkpoint["log_window"], self.env.is_main)
 
 
-def load_optimizer_position(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
-                            checkpoint: dict[str, Any]) -> None:
+def load_optimizer_position(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, checkpoint: dict[str, Any]
+) -> None:
     """The optimizer's state (moments, the step count) and the scheduler's position come from the
     checkpoint, the hyperparameters and the schedule from this run's config: optim.lr or
     optim.weight_decay changed on resume apply, as the log says they do."""
-    hyperparameters = [{key: value for key, value in group.items() if key != "params"}
-                       for group in optimizer.param_groups]
+    hyperparameters = [
+        {key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups
+    ]
     optimizer.load_state_dict(checkpoint["optimizer"])
     for group, values in zip(optimizer.param_groups, hyperparameters):
         group.update(values)

@@ -1,12 +1,13 @@
 """A run folder: its numbered checkpoints, the newest valid one, and the rule that runs never mix.
 
-    runs/crnn/config.yaml             the run's configuration
-    runs/crnn/ckpt-0000250.pt ...     full training state every train.save_every steps; newest K kept
-    runs/crnn/last.pt                 the newest of them (a hard link: no second write)
-    runs/crnn/best.pt                 the best validation accuracy so far
-    runs/crnn/metrics.jsonl           the log
-    runs/crnn/.lock                   while a run lives: locked (flock) by its rank 0, holding its PID and host
+runs/crnn/config.yaml             the run's configuration
+runs/crnn/ckpt-0000250.pt ...     full training state every train.save_every steps; newest K kept
+runs/crnn/last.pt                 the newest of them (a hard link: no second write)
+runs/crnn/best.pt                 the best validation accuracy so far
+runs/crnn/metrics.jsonl           the log
+runs/crnn/.lock                   while a run lives: locked (flock) by its rank 0, holding its PID and host
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -38,8 +39,15 @@ def checkpoint_path(out_dir: str | Path, step: int) -> Path:
 def numbered_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every numbered checkpoint in `out_dir`, newest first."""
     folder = Path(out_dir)
-    found = [(int(match.group(1)), path) for path in folder.glob("ckpt-*.pt")
-             if (match := CHECKPOINT_PATTERN.fullmatch(path.name))] if folder.is_dir() else []
+    found = (
+        [
+            (int(match.group(1)), path)
+            for path in folder.glob("ckpt-*.pt")
+            if (match := CHECKPOINT_PATTERN.fullmatch(path.name))
+        ]
+        if folder.is_dir()
+        else []
+    )
     return sorted(found, reverse=True)
 
 
@@ -120,21 +128,26 @@ def check_run_folder(config: Config) -> None:
     if resume == "none":
         raise ConfigError(
             f"train.out_dir={out_dir} holds another run; continue it (train.resume=auto), pick a new "
-            f"train.out_dir, or set train.overwrite=true to delete its checkpoints and log")
+            f"train.out_dir, or set train.overwrite=true to delete its checkpoints and log"
+        )
     saved = out_dir / "config.yaml"
     try:
         previous = yaml.safe_load(saved.read_text(encoding="utf-8")) if saved.is_file() else None
     except (yaml.YAMLError, UnicodeDecodeError):
         previous = None
     if not isinstance(previous, dict):
-        raise ConfigError(f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
-                          f"train.out_dir or set train.overwrite=true")
+        raise ConfigError(
+            f"train.out_dir={out_dir} holds checkpoints but no readable config.yaml; pick a new "
+            f"train.out_dir or set train.overwrite=true"
+        )
     differences = config_changes(previous, config).defining
     if differences:
         raise ConfigError(
-            f"train.out_dir={out_dir} holds a run with another configuration:\n  " + "\n  ".join(differences)
+            f"train.out_dir={out_dir} holds a run with another configuration:\n  "
+            + "\n  ".join(differences)
             + "\npick a new train.out_dir, change these back to continue that run, "
-            "or set train.overwrite=true to delete its checkpoints and log")
+            "or set train.overwrite=true to delete its checkpoints and log"
+        )
 
 
 def prepare_run_folder(out_dir: str | Path) -> None:
@@ -149,8 +162,9 @@ def prepare_run_folder(out_dir: str | Path) -> None:
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
-        raise ConfigError(f"train.out_dir={folder}: cannot write there ({error.strerror or error}); "
-                          f"pick another folder") from None
+        raise ConfigError(
+            f"train.out_dir={folder}: cannot write there ({error.strerror or error}); " f"pick another folder"
+        ) from None
 
 
 def write_config(out_dir: str | Path, config: Config) -> None:
@@ -195,8 +209,10 @@ def lock_run_folder(out_dir: str | Path) -> tuple[RunFolderLock, list[Path]]:
             lock.seek(0)
             holder = lock.read().strip() or "a process that has not written its PID yet"
             lock.close()
-            raise ConfigError(f"train.out_dir={out_dir} is in use by another run ({holder}); wait for it to end, "
-                              f"stop it, or pick another train.out_dir") from None
+            raise ConfigError(
+                f"train.out_dir={out_dir} is in use by another run ({holder}); wait for it to end, "
+                f"stop it, or pick another train.out_dir"
+            ) from None
         # A run that ended between our open and our lock removed the file we hold: lock the current one.
         if path.exists() and os.path.samestat(os.fstat(lock.fileno()), path.stat()):
             break

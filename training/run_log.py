@@ -2,6 +2,7 @@
 
 Other ranks get a RunLog that does nothing, so call sites need no `if rank == 0`.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,10 @@ class RunLog:
             return
         rows, unreadable = read_jsonl(self.metrics_path)
         if unreadable:
-            self.info(f"warning: {self.metrics_path}: dropped {unreadable} unreadable line(s), what a crash or a full "
-                      f"disk leaves when it cuts a write short")
+            self.info(
+                f"warning: {self.metrics_path}: dropped {unreadable} unreadable line(s), what a crash or a full "
+                f"disk leaves when it cuts a write short"
+            )
         kept = [line + "\n" for line, record in rows if not isinstance(record, dict) or record.get("step", 0) <= step]
         write_text_atomically(self.metrics_path, "".join(kept))
 

@@ -1,4 +1,5 @@
 """What a run trains with: the objects train.py's build_setup makes from the config, in one record."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """What the training loop changes as it runs, in one object."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """An exponential moving average of a model's weights (`optim.ema_decay`): what a run evaluates and
 saves in place of the weights the optimizer steps, which keep moving with each batch's noise."""
+
 from __future__ import annotations
 
 import copy

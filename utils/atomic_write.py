@@ -2,6 +2,7 @@
 stop signal never leaves half a file where a good one was. One writer for every such file (checkpoints,
 config.yaml, logs, exports), so the temporary names, the permissions and the leftovers of a killed
 process are handled in one place."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> Non
     """Call `write(file)` on a temporary file in `path`'s folder, then rename it over `path`.
 
     The rename is atomic, so `path` always holds either the previous complete file or the new one,
-    whatever happens during the write; a failure to write is an OSError naming `path`. The file gets the permissions the umask gives a new file (0644
-    under umask 022), as `open()` would, not mkstemp's 0600: a colleague may read the model.
+    whatever happens during the write; a failure to write is an OSError naming `path`. The file gets
+    the permissions the umask gives a new file (0644 under umask 022), as `open()` would, not mkstemp's
+    0600: a colleague may read the model.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,4 +89,3 @@ def remove_empty_folders(created: list[Path]) -> None:
             folder.rmdir()
         except OSError:  # not empty: something was written there
             break
-

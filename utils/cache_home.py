@@ -1,4 +1,5 @@
 """The project's folder in the user's cache: $XDG_CACHE_HOME (or ~/.cache), then crnn-ocr."""
+
 from __future__ import annotations
 
 import os

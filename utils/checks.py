@@ -1,5 +1,6 @@
 """The wording of a value a key does not take, one for every check that names a key: the config's
 (training/config.py) and a preprocessing record's (data/transforms.py)."""
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ Ctrl-C (SIGINT) and SIGTERM (`timeout`, SLURM, Kubernetes, `kill`) are neither: 
 (`Stopped`), so `finally` blocks and the writers' clean-up (a staging folder, a temporary file) run.
 train.py replaces the handlers while it runs to checkpoint first (utils/preemption.py).
 """
+
 from __future__ import annotations
 
 import errno
@@ -26,7 +27,8 @@ import lmdb
 # What to do about the operating system's refusals, by errno.
 OS_ADVICE = {
     errno.ENOSPC: "the disk is full: free space or write elsewhere (files already in place were left intact)",
-    errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere (files already in place were left intact)",
+    errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere "
+    "(files already in place were left intact)",
     errno.EROFS: "the file system is read-only: write elsewhere",
     errno.EACCES: "no permission: fix the permissions or use another path",
     errno.EPERM: "not permitted: fix the permissions or use another path",

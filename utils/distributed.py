@@ -5,6 +5,7 @@ process and no process group is created. Outside torchrun those variables are re
 WORLD_SIZE left in a shell would make a plain `python train.py` wait for peers that never come), and
 the rendezvous at start-up is bounded: it ends with one line naming what it waited for.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,10 +60,12 @@ def read_env() -> tuple[int, int, int, int]:
     if LAUNCHED_BY_TORCHRUN not in os.environ:
         for name, value in values.items():
             if value != one_process.get(name, 1):
-                raise ValueError(f"{name}={value} is set in the environment, but this process was not started by "
-                                 f"torchrun (${LAUNCHED_BY_TORCHRUN} is not set): a variable left from another job, or "
-                                 f"another launcher. Unset {name} to run one process, or launch with torchrun "
-                                 f"--nproc_per_node=N")
+                raise ValueError(
+                    f"{name}={value} is set in the environment, but this process was not started by "
+                    f"torchrun (${LAUNCHED_BY_TORCHRUN} is not set): a variable left from another job, or "
+                    f"another launcher. Unset {name} to run one process, or launch with torchrun "
+                    f"--nproc_per_node=N"
+                )
     if not 0 <= values["RANK"] < values["WORLD_SIZE"]:
         raise ValueError(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}: launch with torchrun")
     return values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"], values["LOCAL_WORLD_SIZE"]
@@ -82,7 +85,9 @@ def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -
     """The device of this process: decided here once, from CUDA's presence and `device_ids`."""
     if not torch.cuda.is_available():
         if device_ids:
-            raise ValueError(f"device_ids={device_ids} is set but CUDA is not available; set device_ids=[] to run on the CPU")
+            raise ValueError(
+                f"device_ids={device_ids} is set but CUDA is not available; set device_ids=[] to run on the CPU"
+            )
         return torch.device("cpu")
     count = torch.cuda.device_count()
     if device_ids:
@@ -93,10 +98,14 @@ def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -
             )
         missing = [i for i in device_ids if not 0 <= i < count]
         if missing:
-            raise ValueError(f"device_ids={device_ids}: GPU(s) {missing} do not exist; this node has {count} (0..{count - 1})")
+            raise ValueError(
+                f"device_ids={device_ids}: GPU(s) {missing} do not exist; this node has {count} (0..{count - 1})"
+            )
         return torch.device("cuda", device_ids[local_rank])
     if local_rank >= count:
-        raise ValueError(f"local rank {local_rank} needs GPU {local_rank} but this node has {count}; lower --nproc_per_node")
+        raise ValueError(
+            f"local rank {local_rank} needs GPU {local_rank} but this node has {count}; lower --nproc_per_node"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -114,8 +123,13 @@ def setup_distributed(device_ids: list[int], threads: int = 0, join_timeout: tim
     cpu_group = None
     if world_size > 1:
         backend = process_group_backend(device, device_ids, local_world_size)
-        dist.init_process_group(backend=backend, store=join_store(rank, world_size, join_timeout), rank=rank,
-                                world_size=world_size, device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend=backend,
+            store=join_store(rank, world_size, join_timeout),
+            rank=rank,
+            world_size=world_size,
+            device_id=device if backend == "nccl" else None,
+        )
         if backend != "gloo":
             cpu_group = dist.new_group(backend="gloo")
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, cpu_group=cpu_group)
@@ -146,8 +160,10 @@ def join_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
         try:
             store = dist.TCPStore(address, port, world_size, is_master=True, wait_for_workers=False)
         except RuntimeError as error:
-            raise ValueError(f"MASTER_PORT={port}: rank 0 cannot host the rendezvous there ({error}); "
-                             f"pick a free port (torchrun --master_port)") from None
+            raise ValueError(
+                f"MASTER_PORT={port}: rank 0 cannot host the rendezvous there ({error}); "
+                f"pick a free port (torchrun --master_port)"
+            ) from None
     else:
         wait_until_reachable(address, port, deadline, timeout)
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timedelta(seconds=60))
@@ -165,8 +181,10 @@ def rendezvous_address() -> tuple[str, int]:
     """MASTER_ADDR and MASTER_PORT, which torchrun sets."""
     address, port = os.environ.get("MASTER_ADDR", ""), env_int("MASTER_PORT", 0)
     if not address or not 0 < port < 65536:
-        raise ValueError(f"MASTER_ADDR={address!r} and MASTER_PORT={port or ''!r} must name the rendezvous of the "
-                         f"{os.environ.get('WORLD_SIZE')} processes; launch with torchrun, which sets both")
+        raise ValueError(
+            f"MASTER_ADDR={address!r} and MASTER_PORT={port or ''!r} must name the rendezvous of the "
+            f"{os.environ.get('WORLD_SIZE')} processes; launch with torchrun, which sets both"
+        )
     return address, port
 
 
@@ -179,21 +197,24 @@ def wait_until_reachable(address: str, port: int, deadline: float, timeout: time
             return
         except OSError as error:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout.total_seconds():g} s for the rendezvous at MASTER_ADDR:"
-                                   f"MASTER_PORT={address}:{port} ({error.strerror or error}): rank 0 never started, "
-                                   f"or the address is wrong or unreachable from this node") from None
+                raise TimeoutError(
+                    f"waited {timeout.total_seconds():g} s for the rendezvous at MASTER_ADDR:"
+                    f"MASTER_PORT={address}:{port} ({error.strerror or error}): rank 0 never started, "
+                    f"or the address is wrong or unreachable from this node"
+                ) from None
             time.sleep(0.5)
 
 
-def wait_for_every_process(store: dist.Store, world_size: int, deadline: float, timeout: timedelta,
-                           where: str) -> None:
+def wait_for_every_process(store: dist.Store, world_size: int, deadline: float, timeout: timedelta, where: str) -> None:
     """Check in, then wait until all `world_size` processes have."""
     joined = store.add("processes-joined", 1)
     while joined < world_size:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout.total_seconds():g} s at {where} for the {world_size} processes of the "
-                               f"run (WORLD_SIZE); {joined} joined. Another process failed before joining (see its "
-                               f"error above) or never started: check each node's log")
+            raise TimeoutError(
+                f"waited {timeout.total_seconds():g} s at {where} for the {world_size} processes of the "
+                f"run (WORLD_SIZE); {joined} joined. Another process failed before joining (see its "
+                f"error above) or never started: check each node's log"
+            )
         time.sleep(0.2)
         joined = store.add("processes-joined", 0)
 
@@ -255,4 +276,3 @@ def broadcast_buffers(module: nn.Module) -> None:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-

@@ -1,4 +1,5 @@
 """Reading a JSON-lines log (metrics.jsonl) that a crash or a full disk may have cut short."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ step is timed in fp32 and in bf16 and the faster one is used, because a CPU flag
 slower. The figures are cached per machine, torch version and step shape (`choice_cache`), so only
 the first start on a machine pays the few seconds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,12 @@ def cpu_info() -> str:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as /proc/cpuinfo lists them (what `lscpu` shows); empty where unknown."""
-    return {flag for line in cpu_info().splitlines() if line.startswith(("flags", "Features"))
-            for flag in line.partition(":")[2].split()}
+    return {
+        flag
+        for line in cpu_info().splitlines()
+        if line.startswith(("flags", "Features"))
+        for flag in line.partition(":")[2].split()
+    }
 
 
 def cpu_has_native_bf16() -> bool:
@@ -59,8 +64,14 @@ def candidate_precisions(device: torch.device) -> tuple[str, ...]:
     return ("fp32", "bf16") if bf16 else ("fp32",)
 
 
-def resolve_precision(precision: str, device: torch.device, time_step: Callable[[str], float] | None = None,
-                      shape: str = "", log: Callable[[str], None] = print, option: str = "train.precision") -> str:
+def resolve_precision(
+    precision: str,
+    device: torch.device,
+    time_step: Callable[[str], float] | None = None,
+    shape: str = "",
+    log: Callable[[str], None] = print,
+    option: str = "train.precision",
+) -> str:
     """The precision to run in. `auto` with one candidate is that one; with several, the fastest by
     `time_step(precision) -> seconds` (one step of the work to be done; called a few times each,
     interleaved), cached under `shape` (what the step is: model, batch, input size). `option` is
@@ -77,15 +88,18 @@ def resolve_precision(precision: str, device: torch.device, time_step: Callable[
     cache, key = choice_cache(), cache_key(device, shape)
     cached = read_choices(cache).get(key)
     if cached is not None and cached.get("precision") in candidates:
-        log(f"precision auto: {cached['precision']} ({describe(cached['seconds'])}, measured before on this "
-            f"machine; {cache})")
+        log(
+            f"precision auto: {cached['precision']} ({describe(cached['seconds'])}, measured before on this "
+            f"machine; {cache})"
+        )
         return cached["precision"]
     seconds = measure(candidates, time_step)
     choice = min(seconds, key=seconds.get)
     log(f"precision auto: {choice} ({describe(seconds)}, measured now; cached in {cache})")
     with contextlib.suppress(OSError):  # a read-only home only costs the next start the measurement
-        write_text_atomically(cache, json.dumps({**read_choices(cache), key: {"precision": choice, "seconds": seconds}},
-                                                indent=1) + "\n")
+        write_text_atomically(
+            cache, json.dumps({**read_choices(cache), key: {"precision": choice, "seconds": seconds}}, indent=1) + "\n"
+        )
     return choice
 
 
@@ -130,10 +144,13 @@ def read_choices(path: Path) -> dict[str, dict]:
 
 def cache_key(device: torch.device, shape: str) -> str:
     """What makes a measurement valid: the CPU (model name and flags), torch, the threads, the step."""
-    cpu = next((line.partition(":")[2].strip() for line in cpu_info().splitlines() if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.partition(":")[2].strip() for line in cpu_info().splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
-    return f"{device.type} | {cpu} | flags {flags} | torch {torch.__version__} | threads {torch.get_num_threads()} | {shape}"
+    threads = torch.get_num_threads()
+    return f"{device.type} | {cpu} | flags {flags} | torch {torch.__version__} | threads {threads} | {shape}"
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -9,6 +9,7 @@ all of them stop at the same step, save one checkpoint and exit with 128 + the s
 Before the loop (reading labels, loading a checkpoint) there is no step boundary to wait for and
 nothing to save: a signal stops the process at once.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -34,9 +35,13 @@ class StopRequested(Stopped):
     def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None) -> None:
         self.step, self.checkpoint = step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(signum, f"stopped by {name} at step {step}; checkpoint {checkpoint}; run the same command "
-                                 f"again to resume from it" if checkpoint else
-                                 f"stopped by {name} before training started; nothing was saved")
+        super().__init__(
+            signum,
+            f"stopped by {name} at step {step}; checkpoint {checkpoint}; run the same command "
+            f"again to resume from it"
+            if checkpoint
+            else f"stopped by {name} before training started; nothing was saved",
+        )
 
 
 class StopSignal:

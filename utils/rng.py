@@ -1,4 +1,5 @@
 """Random-number-generator state as plain values, so a checkpoint restores it with weights-only loading."""
+
 from __future__ import annotations
 
 import random

@@ -4,6 +4,7 @@ Without it each DDP process normalises with its own slice's statistics, so a 2-p
 different computation from a 1-process run with the same global batch. `nn.SyncBatchNorm` does this
 on CUDA only; `CpuSyncBatchNorm` does the same with two differentiable all-reduces, for gloo.
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,8 +64,15 @@ def convert_sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     for name, child in model.named_children():
         if type(child) is nn.BatchNorm2d:
-            synced = CpuSyncBatchNorm(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats,
-                                      device=child.weight.device, dtype=child.weight.dtype)
+            synced = CpuSyncBatchNorm(
+                child.num_features,
+                child.eps,
+                child.momentum,
+                child.affine,
+                child.track_running_stats,
+                device=child.weight.device,
+                dtype=child.weight.dtype,
+            )
             synced.load_state_dict(child.state_dict())
             setattr(model, name, synced)
         else:
