@@ -69,6 +69,8 @@ VGG_RENAMES = (
     ("Prediction.", "classifier."),
 )
 VGG_SIGNATURE = ("FeatureExtraction.ConvNet.0.weight", "SequenceModeling.0.rnn.weight_ih_l0", "Prediction.weight")
+# What EasyOCR's and DTRB's VGG-BiLSTM-CTC share: one network (our dtrb_vgg) under one key layout.
+VGG_LAYOUT = {"arch": "dtrb_vgg", "signature": VGG_SIGNATURE, "renames": VGG_RENAMES, "classifier": "Prediction"}
 FORMATS = {
     # easyocr/recognition.py: AlignCollate(keep_ratio_with_pad=True) and NormalizePAD: height 64, the
     # width follows the aspect ratio, the right side repeats the last column up to ceil(w / h) * 64,
@@ -77,10 +79,7 @@ FORMATS = {
     # (the later Pillow BICUBIC resize is to the same size, which Pillow skips).
     "easyocr": PeerFormat(
         name="easyocr",
-        arch="dtrb_vgg",
-        signature=VGG_SIGNATURE,
-        renames=VGG_RENAMES,
-        classifier="Prediction",
+        **VGG_LAYOUT,
         alphabets={len(EASYOCR_ENGLISH_G2) + 1: (EASYOCR_ENGLISH_G2, False)},
         preprocessing=Preprocessing(height=64, width=2048, color="L", keep_aspect=True, interpolation="opencv_linear"),
         eval_width_step=64,
@@ -89,10 +88,7 @@ FORMATS = {
     # DTRB's dataset.py: AlignCollate(keep_ratio_with_pad=False) -> ResizeNormalize((100, 32), BICUBIC).
     "dtrb": PeerFormat(
         name="dtrb",
-        arch="dtrb_vgg",
-        signature=VGG_SIGNATURE,
-        renames=VGG_RENAMES,
-        classifier="Prediction",
+        **VGG_LAYOUT,
         alphabets={len(LOWERCASE_36) + 1: (LOWERCASE_36, True), len(DTRB_SENSITIVE) + 1: (DTRB_SENSITIVE, False)},
         preprocessing=Preprocessing(height=32, width=100, color="L", interpolation="bicubic"),
         eval_width_step=8,
