@@ -26,20 +26,18 @@ from torch.utils.data import DataLoader
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
-from data.label_index import index_cache_dir
-from data.lmdb_dataset import Batch, LmdbDataset
+from data.lmdb_dataset import Batch
 from data.loaders import build_eval_loader, build_train_loader
-from data.transforms import build_transform
+from data.transforms import Preprocessing
 from evaluation.evaluate import decode_samples, evaluate
 from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
-from models import count_parameters, model_from_config, output_frames
+from models import count_parameters
 from models.losses import ctc_losses
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from training.log_window import LogWindow
 from training.optim import build_optimizer
-from training.precision_choice import choose_precision
 from training.run import Run
 from training.run_folder import (
     RunFolderLock,
@@ -56,7 +54,7 @@ from training.run_folder import (
     write_config,
 )
 from training.run_log import RunLog
-from training.setup import Setup
+from training.setup import Setup, model_and_frames, open_datasets, training_precision
 from training.state import TrainState
 from training.weight_average import WeightAverage
 from utils import cli
@@ -71,7 +69,6 @@ from utils.distributed import (
 from utils.precision import autocast
 from utils.preemption import StopRequested, StopSignal
 from utils.rng import restore_rng_state
-from utils.sync_batchnorm import convert_sync_batchnorm
 
 
 class TrainingDiverged(RuntimeError):
@@ -278,54 +275,22 @@ def build_setup(
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     data = config.data
     codec = CTCCodec(load_alphabet(data.alphabet), fold_case=data.fold_case)
-    model = model_from_config(config.model, codec.num_classes)
-    try:
-        frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
-    except ValueError as error:
-        raise ConfigError(f"data.img_height={data.img_height}, data.img_width={data.img_width}: {error}") from None
-    if config.model.sync_bn and env.distributed:
-        model = convert_sync_batchnorm(model, env.device)
-    cache = index_cache_dir(data.index_cache)
-    remove_unknown = data.unknown_characters == "remove"
-    train_sets = [
-        LmdbDataset(
-            root, codec, frames, build_transform(config, train=True), remove_unknown=remove_unknown, index_cache=cache
-        )
-        for root in data.train
-    ]
-    val_transform = build_transform(config)
-    val_sets = [
-        LmdbDataset(root, codec, frames, val_transform, remove_unknown=remove_unknown, index_cache=cache)
-        for root in data.val
-    ]
+    model, frames = model_and_frames(config, codec, env)
+    preprocessing = Preprocessing.from_config(config)  # the datasets' and every checkpoint's: one record
+    train_sets, val_sets = open_datasets(config, preprocessing, codec, frames)
     loader, sampler = build_train_loader(
         train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, data.num_workers, env
     )
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model.to(env.device, memory_format=memory_format)
-    precision = config.train.precision
-    if precision == "auto" and recorded_precision:
-        log(f"precision auto: {recorded_precision}, as the run measured it at its start")
-        precision = recorded_precision
-    input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
-    precision = choose_precision(
-        precision,
-        env.device,
-        model,
-        input_shape,
-        training=True,
-        memory_format=memory_format,
-        log=log,
-        is_main=env.is_main,
-        group=env.cpu_group,
-    )
+    precision = training_precision(config, env, model, memory_format, log, recorded_precision)
     optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
     average = WeightAverage(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
     return Setup(
         codec=codec,
-        preprocessing=val_transform.preprocessing,
+        preprocessing=preprocessing,
         model=model,
         frames=frames,
         train_sets=train_sets,

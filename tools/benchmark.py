@@ -27,7 +27,7 @@ import json
 import resource
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,46 @@ def measure(
     first = next(batches)
     images_in_memory = first.images.to(env.device, memory_format=setup.memory_format)
     forward_flops, train_flops = flops_per_image(setup.model, images_in_memory, first, env.device)
+    measurements = training_steps(config, env, setup, model, precisions, first=first, batches=batches)
+    per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
+    data_per_process = timed_images_per_second(
+        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
+    )
+    eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
+    rates = summed_over_processes({**per_process, "data_loading": data_per_process})
+    by_precision = {
+        precision: {
+            "train_images_per_s": rates[precision, "train_loop"],
+            "compute_floor_images_per_s": rates[precision, "compute_floor"],
+            "eval_images_per_s": eval_total[precision],
+            "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
+        }
+        for precision in precisions
+    }
+    return {
+        "by_precision": by_precision,
+        "forward_flops_per_image": forward_flops,
+        "train_step_flops_per_image": train_flops,
+        "data_loading_images_per_s": rates["data_loading"],
+        "peak_rss_mib_rank0": peak_rss_mib,
+        "cuda_max_allocated_mib_rank0": cuda_peak_mib,
+    }
+
+
+def training_steps(
+    config: Config,
+    env: DistEnv,
+    setup: Setup,
+    model: torch.nn.Module,
+    precisions: tuple[str, ...],
+    *,
+    first: Batch,
+    batches: Iterator[Batch],
+) -> dict[tuple[str, str], Callable[[], int]]:
+    """Per (precision, "train_loop" or "compute_floor"), one training step of `model` that returns its batch
+    size: the loop takes the loader's next batch from `batches`, its floor `first` again, already in memory."""
 
     def step_on(batch: Batch, precision: str) -> int:
         train_step(
@@ -232,49 +272,21 @@ def measure(
         setup.scheduler.step()
         return len(batch.labels)
 
-    # The loop takes the loader's next batch, its floor the first one again, already in memory.
-    measurements = {
+    return {
         (precision, name): (
             lambda precision=precision, floor=floor: step_on(first if floor else next(batches), precision)
         )
         for precision in precisions
         for name, floor in (("train_loop", False), ("compute_floor", True))
     }
-    per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
-    data_per_process = timed_images_per_second(
-        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
-    )
-    eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0
+
+
+def summed_over_processes(per_process: dict[Any, float]) -> dict[Any, dict[str, float]]:
+    """Each rate as this process measured it (the report shows rank 0's) and summed over every process, in
+    one all-reduce: a collective, so every rank calls it alike."""
     keys = list(per_process)
-    totals = dict(
-        zip(keys, all_reduce_sum(torch.tensor([per_process[key] for key in keys], dtype=torch.float64)).tolist())
-    )
-    data_total = all_reduce_sum(torch.tensor([data_per_process], dtype=torch.float64)).item()
-    by_precision = {
-        precision: {
-            "train_images_per_s": {
-                "per_process_rank0": per_process[precision, "train_loop"],
-                "total": totals[precision, "train_loop"],
-            },
-            "compute_floor_images_per_s": {
-                "per_process_rank0": per_process[precision, "compute_floor"],
-                "total": totals[precision, "compute_floor"],
-            },
-            "eval_images_per_s": eval_total[precision],
-            "matmul_gflops_per_s_per_process": matmul_gflops(env.device, precision),
-        }
-        for precision in precisions
-    }
-    return {
-        "by_precision": by_precision,
-        "forward_flops_per_image": forward_flops,
-        "train_step_flops_per_image": train_flops,
-        "data_loading_images_per_s": {"per_process_rank0": data_per_process, "total": data_total},
-        "peak_rss_mib_rank0": peak_rss_mib,
-        "cuda_max_allocated_mib_rank0": cuda_peak_mib,
-    }
+    totals = all_reduce_sum(torch.tensor([per_process[key] for key in keys], dtype=torch.float64)).tolist()
+    return {key: {"per_process_rank0": per_process[key], "total": total} for key, total in zip(keys, totals)}
 
 
 def eval_images_per_second(config: Config, env: DistEnv, setup: Setup, precision: str) -> float:
@@ -298,71 +310,10 @@ def rate(images_per_s: dict[str, float], processes: int) -> str:
 
 
 def report(results: dict, json_path: Path) -> None:
-    rows = [
-        (
-            "device",
-            f"{results['device']}, {results['processes']} process(es) x {results['threads_per_process']} " f"thread(s)",
-        ),
-        (
-            "precision / channels_last / compile",
-            f"{results['precision']} / {results['channels_last']} / " f"{results['compile']}",
-        ),
-        ("global batch, image", f"{results['global_batch']}, {results['image_size'][0]}x{results['image_size'][1]}"),
-        ("train loop, images/s", rate(results["train_images_per_s"], results["processes"])),
-        ("compute floor, images/s", rate(results["compute_floor_images_per_s"], results["processes"])),
-        ("loop / floor", f"{100 * results['loop_fraction_of_floor']:.1f} %"),
-        (
-            "data loading, images/s",
-            f"{rate(results['data_loading_images_per_s'], results['processes'])} "
-            f"({results['data_to_train_ratio']:.1f}x the train loop)",
-        ),
-        ("evaluation, images/s", f"{results['eval_images_per_s']:.1f}"),
-        (
-            "GFLOP per image: forward / train step",
-            f"{results['forward_gflops_per_image']:.2f} / " f"{results['train_step_gflops_per_image']:.2f}",
-        ),
-        ("effective train GFLOP/s", f"{results['effective_train_gflops_per_s']:.1f}"),
-        ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
-        ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
-    ]
+    """Print the table, with every precision side by side when several were measured, and write the JSON."""
+    rows = summary_rows(results)
     if len(results["by_precision"]) > 1:
-        rows.append(("", ""))
-        for name, key in (("train loop", "train_images_per_s"), ("compute floor", "compute_floor_images_per_s")):
-            rows.append(
-                (
-                    f"{name}, images/s, side by side",
-                    ", ".join(
-                        f"{precision} {figures[key]['total']:.1f}"
-                        for precision, figures in results["by_precision"].items()
-                    ),
-                )
-            )
-        rows.append(
-            (
-                "evaluation, images/s, side by side",
-                ", ".join(
-                    f"{precision} {figures['eval_images_per_s']:.1f}"
-                    for precision, figures in results["by_precision"].items()
-                ),
-            )
-        )
-        rows.append(
-            (
-                "matmul GFLOP/s, side by side",
-                ", ".join(
-                    f"{precision} {figures['matmul_gflops_per_s_per_process']:.1f}"
-                    for precision, figures in results["by_precision"].items()
-                ),
-            )
-        )
-        agrees = "agrees" if results["precision"] == results["fastest_precision_in_the_loop"] else "DISAGREES"
-        rows.append(
-            (
-                f"train.precision={results['configured_precision']} resolves to",
-                f"{results['precision']} ({agrees} with the loop's faster: "
-                f"{results['fastest_precision_in_the_loop']})",
-            )
-        )
+        rows += [("", ""), *side_by_side_rows(results)]
     if results["cuda_max_allocated_mib_rank0"]:
         rows.append(("CUDA max allocated, rank 0", f"{results['cuda_max_allocated_mib_rank0']:.0f} MiB"))
     width = max(len(name) for name, _ in rows)
@@ -371,6 +322,63 @@ def report(results: dict, json_path: Path) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {json_path}")
+
+
+def summary_rows(results: dict) -> list[tuple[str, str]]:
+    """The table's rows of the precision the run uses: what ran, how fast, how much work, how much memory."""
+    processes = results["processes"]
+    image_height, image_width = results["image_size"]
+    return [
+        ("device", f"{results['device']}, {processes} process(es) x {results['threads_per_process']} thread(s)"),
+        (
+            "precision / channels_last / compile",
+            f"{results['precision']} / {results['channels_last']} / {results['compile']}",
+        ),
+        ("global batch, image", f"{results['global_batch']}, {image_height}x{image_width}"),
+        ("train loop, images/s", rate(results["train_images_per_s"], processes)),
+        ("compute floor, images/s", rate(results["compute_floor_images_per_s"], processes)),
+        ("loop / floor", f"{100 * results['loop_fraction_of_floor']:.1f} %"),
+        (
+            "data loading, images/s",
+            f"{rate(results['data_loading_images_per_s'], processes)} "
+            f"({results['data_to_train_ratio']:.1f}x the train loop)",
+        ),
+        ("evaluation, images/s", f"{results['eval_images_per_s']:.1f}"),
+        (
+            "GFLOP per image: forward / train step",
+            f"{results['forward_gflops_per_image']:.2f} / {results['train_step_gflops_per_image']:.2f}",
+        ),
+        ("effective train GFLOP/s", f"{results['effective_train_gflops_per_s']:.1f}"),
+        ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
+        ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
+    ]
+
+
+def side_by_side_rows(results: dict) -> list[tuple[str, str]]:
+    """One row per figure with every measured precision's value, and whether the precision `auto` chose in its
+    own short measurement is the one that ran the loop faster."""
+    figures_of = {
+        "train loop, images/s": lambda figures: figures["train_images_per_s"]["total"],
+        "compute floor, images/s": lambda figures: figures["compute_floor_images_per_s"]["total"],
+        "evaluation, images/s": lambda figures: figures["eval_images_per_s"],
+        "matmul GFLOP/s": lambda figures: figures["matmul_gflops_per_s_per_process"],
+    }
+    rows = [
+        (
+            f"{name}, side by side",
+            ", ".join(f"{precision} {figure(figures):.1f}" for precision, figures in results["by_precision"].items()),
+        )
+        for name, figure in figures_of.items()
+    ]
+    fastest = results["fastest_precision_in_the_loop"]
+    agrees = "agrees" if results["precision"] == fastest else "DISAGREES"
+    rows.append(
+        (
+            f"train.precision={results['configured_precision']} resolves to",
+            f"{results['precision']} ({agrees} with the loop's faster: {fastest})",
+        )
+    )
+    return rows
 
 
 if __name__ == "__main__":

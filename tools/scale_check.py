@@ -158,36 +158,22 @@ def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> 
     # The schedule runs far beyond the last snapshot: a small model reaches twice its step between two
     # polls, and a run that is ending takes its workers away while they are being measured.
     out_dir, beyond = work / "memory", 100 * checkpoints[-1]
-    command = train_command(
-        2,
-        big,
-        val,
-        work / "cache2",
-        out_dir,
+    schedule = [
         f"train.max_steps={beyond}",
         "train.log_every=10",
         f"train.eval_every={beyond}",
         f"train.save_every={beyond}",
-        *SMALL_MODEL,
-    )
+    ]
+    command = train_command(2, big, val, work / "cache2", out_dir, *schedule, *SMALL_MODEL)
     agent = subprocess.Popen(command, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     snapshots, pending = [], list(checkpoints)
     try:
         while pending and agent.poll() is None:
             time.sleep(0.5)
-            metrics = out_dir / "metrics.jsonl"
-            lines = metrics.read_text().splitlines() if metrics.exists() else []
-            step = max((json.loads(line).get("step", 0) for line in lines if '"loss"' in line), default=0)
+            step = last_logged_step(out_dir / "metrics.jsonl")
             if step < pending[0]:
                 continue
-            tree = process_tree(agent.pid)
-            trainers = sorted(pid for pid, parent in tree.items() if parent == agent.pid)
-            processes = [{"role": "trainer", "pid": pid, **memory_mb(pid)} for pid in trainers]
-            processes += [
-                {"role": "worker", "pid": pid, "of": parent, **memory_mb(pid)}
-                for pid, parent in sorted(tree.items())
-                if parent in trainers
-            ]
+            processes = memory_of_run(agent.pid)
             snapshots.append({"step": step, "processes": processes})
             private = {
                 role: [round(p["private"]) for p in processes if p["role"] == role] for role in ("trainer", "worker")
@@ -199,18 +185,41 @@ def measure_memory(big: Path, val: Path, work: Path, checkpoints: list[int]) -> 
             )
             pending.pop(0)
     finally:
-        if agent.poll() is None:
-            agent.terminate()  # torchrun passes SIGTERM on to the training processes, which stop cleanly
-            try:
-                agent.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+        stop_agent(agent)
     if pending:
         raise RuntimeError(
             f"the memory run ended (exit {agent.returncode}) before step {pending[0]}: {' '.join(command)}"
         )
     return snapshots
+
+
+def last_logged_step(metrics: Path) -> int:
+    """The latest step whose training loss the run's metrics hold (0 before the first)."""
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return max((json.loads(line).get("step", 0) for line in lines if '"loss"' in line), default=0)
+
+
+def memory_of_run(agent_pid: int) -> list[dict]:
+    """memory_mb of each training process torchrun's agent started, then of each of their loader workers."""
+    tree = process_tree(agent_pid)
+    trainers = sorted(pid for pid, parent in tree.items() if parent == agent_pid)
+    processes = [{"role": "trainer", "pid": pid, **memory_mb(pid)} for pid in trainers]
+    return processes + [
+        {"role": "worker", "pid": pid, "of": parent, **memory_mb(pid)}
+        for pid, parent in sorted(tree.items())
+        if parent in trainers
+    ]
+
+
+def stop_agent(agent: subprocess.Popen) -> None:
+    """End the run if it still runs: gently, then by force after two minutes."""
+    if agent.poll() is None:
+        agent.terminate()  # torchrun passes SIGTERM on to the training processes, which stop cleanly
+        try:
+            agent.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
 
 
 def private_mb() -> float:

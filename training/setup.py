@@ -1,7 +1,9 @@
-"""What a run trains with: the objects train.py's build_setup makes from the config, in one record."""
+"""What a run trains with: the objects train.py's build_setup makes from the config, in one record, and the
+steps of building them that take more than a line there (the model, the datasets, the precision)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -9,10 +11,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from data.codec import CTCCodec
+from data.label_index import index_cache_dir
 from data.lmdb_dataset import LmdbDataset
 from data.samplers import GlobalBatchSampler
-from data.transforms import Preprocessing
+from data.transforms import ImageTransform, Preprocessing, build_transform
+from models import model_from_config, output_frames
+from training.config import Config, ConfigError
+from training.precision_choice import choose_precision
 from training.weight_average import WeightAverage
+from utils.distributed import DistEnv
+from utils.sync_batchnorm import convert_sync_batchnorm
 
 
 @dataclass(kw_only=True)  # fourteen fields, several of one type: built by name, never by position
@@ -38,3 +46,64 @@ class Setup:
     def evaluated_model(self) -> nn.Module:
         """What validation scores and checkpoints hold: the weight average when the run keeps one."""
         return self.average.model if self.average is not None else self.model
+
+
+def model_and_frames(config: Config, codec: CTCCodec, env: DistEnv) -> tuple[nn.Module, int]:
+    """config.model for `codec`'s classes (its initial weights drawn from the current seed), not yet on the
+    device, and its frames per image; an image size the network cannot take is named by its data.* keys."""
+    data = config.data
+    model = model_from_config(config.model, codec.num_classes)
+    try:
+        frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
+    except ValueError as error:
+        raise ConfigError(f"data.img_height={data.img_height}, data.img_width={data.img_width}: {error}") from None
+    if config.model.sync_bn and env.distributed:
+        model = convert_sync_batchnorm(model, env.device)
+    return model, frames
+
+
+def open_datasets(
+    config: Config, preprocessing: Preprocessing, codec: CTCCodec, frames: int
+) -> tuple[list[LmdbDataset], list[LmdbDataset]]:
+    """data.train's LMDBs, each with its own augmenting transform, and data.val's, which share one that never
+    augments. Each keeps the samples whose labels fit `codec` and `frames` (data.unknown_characters: whether a
+    character outside the alphabet leaves its sample out or is removed from its label)."""
+    data = config.data
+    cache = index_cache_dir(data.index_cache)
+    remove_unknown = data.unknown_characters == "remove"
+
+    def open_lmdb(root: str, transform: ImageTransform) -> LmdbDataset:
+        return LmdbDataset(root, codec, frames, transform, remove_unknown=remove_unknown, index_cache=cache)
+
+    train_sets = [open_lmdb(root, build_transform(config, preprocessing, train=True)) for root in data.train]
+    val_transform = build_transform(config, preprocessing)
+    return train_sets, [open_lmdb(root, val_transform) for root in data.val]
+
+
+def training_precision(
+    config: Config,
+    env: DistEnv,
+    model: nn.Module,
+    memory_format: torch.memory_format,
+    log: Callable[[str], None],
+    recorded_precision: str | None,
+) -> str:
+    """train.precision as the precision this run trains in: `auto` times the candidates on one process's
+    batch, unless the run resumes one that measured it at its start (`recorded_precision`), which it keeps."""
+    precision = config.train.precision
+    if precision == "auto" and recorded_precision:
+        log(f"precision auto: {recorded_precision}, as the run measured it at its start")
+        precision = recorded_precision
+    data = config.data
+    input_shape = (config.train.batch_size // env.world_size, config.model.in_channels, data.img_height, data.img_width)
+    return choose_precision(
+        precision,
+        env.device,
+        model,
+        input_shape,
+        training=True,
+        memory_format=memory_format,
+        log=log,
+        is_main=env.is_main,
+        group=env.cpu_group,
+    )
