@@ -111,6 +111,14 @@ def parse_args() -> argparse.Namespace:
         action=ConfigFileOption,
         help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
     )
+    # --help lists the options in the order they are added.
+    add_scoring_options(parser)
+    add_runtime_options(parser)
+    return parser.parse_args()
+
+
+def add_scoring_options(parser: argparse.ArgumentParser) -> None:
+    """How the model's readings are decoded, compared with the labels, and shown beside the table."""
     parser.add_argument(
         "--metric-mode",
         default="benchmark",
@@ -138,6 +146,10 @@ def parse_args() -> argparse.Namespace:
         help="labels with characters the model cannot emit: remove those characters and score the "
         "rest (the benchmarks' protocol, default), or leave the sample out",
     )
+
+
+def add_runtime_options(parser: argparse.ArgumentParser) -> None:
+    """How the evaluation runs on this machine: batches, loader processes, index cache, precision."""
     parser.add_argument("--batch-size", type=positive_int, default=256, metavar="N", help="per process (default 256)")
     parser.add_argument("--workers", type=non_negative_int, default=2, help="data-loader workers per process")
     parser.add_argument(
@@ -152,7 +164,6 @@ def parse_args() -> argparse.Namespace:
         choices=PRECISIONS,
         help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)",
     )
-    return parser.parse_args()
 
 
 def check_args(args: argparse.Namespace) -> None:

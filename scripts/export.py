@@ -160,15 +160,38 @@ def parse_args() -> argparse.Namespace:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
-    # Checked below rather than by `choices`, so that the old "torchscript" can be told what replaced it.
+    # --help lists the options in the order they are added.
+    add_output_options(parser)
+    add_check_options(parser)
+    parser.add_argument(
+        "--config",
+        action=ConfigFileOption,
+        help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
+    )
+    add_int8_options(parser)
+    parser.add_argument(
+        "--speed",
+        action="store_true",
+        help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s",
+    )
+    return parser
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """What is written, and where; EasyOCR's name and languages for it."""
+    # Checked by check_options rather than by `choices`, so that the old "torchscript" can be told what replaced it.
     parser.add_argument("--format", required=True, metavar="{" + ",".join(sorted(SUFFIXES)) + "}")
     parser.add_argument(
         "--out",
         type=Path,
-        help="output file, or folder for easyocr (default: the checkpoint's name " "with .onnx / .pt2 / _easyocr)",
+        help="output file, or folder for easyocr (default: the checkpoint's name with .onnx / .pt2 / _easyocr)",
     )
     parser.add_argument("--name", help="easyocr: the model's name, recog_network=NAME (default: the checkpoint's)")
     parser.add_argument("--lang", nargs="+", help="easyocr: its lang_list (default: en)")
+
+
+def add_check_options(parser: argparse.ArgumentParser) -> None:
+    """The images the export is compared with PyTorch on, and the difference it may show."""
     parser.add_argument(
         "--check",
         nargs="+",
@@ -179,15 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tolerance", type=finite_float, default=1e-3, help="max abs logit difference allowed (default 1e-3)"
     )
-    parser.add_argument(
-        "--config",
-        action=ConfigFileOption,
-        help="model and alphabet for a bare state dict (YAML, or a name in configs/)",
-    )
+
+
+def add_int8_options(parser: argparse.ArgumentParser) -> None:
+    """The int8 ONNX model: how it is quantized, and the accuracy gate it must pass to be written."""
     parser.add_argument(
         "--int8",
         choices=INT8_MODES,
-        help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the" " accuracy gate",
+        help="onnx: also write an int8 model for CPUs beside --out (NAME.int8.onnx), if it passes the accuracy gate",
     )
     parser.add_argument(
         "--calibrate",
@@ -217,12 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="--int8: how a reading is compared with its label (evaluation/metrics.py; default"
         " benchmark, for [0-9a-z] models; ignore_case_symbols for larger alphabets)",
     )
-    parser.add_argument(
-        "--speed",
-        action="store_true",
-        help="onnx: time the ONNX model (and the int8 one) at batch sizes 1 and 64 and print images/s",
-    )
-    return parser
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -743,6 +759,23 @@ def export_int8(
     return 0
 
 
+def check_easyocr_export(config: Config, preprocessing: Preprocessing, name: str) -> None:
+    """Refuse, before anything is written, a model EasyOCR cannot run as trained or a name it would not load."""
+    problems = easyocr_problems(config.model, preprocessing)
+    if problems:
+        raise ValueError("EasyOCR cannot run this model as it was trained: " + "; ".join(problems))
+    if not name.isidentifier():  # EasyOCR imports user_network/NAME.py as a module
+        suggestion = re.sub(r"\W", "_", name).lstrip("0123456789") or "my_model"
+        raise ValueError(
+            f"--name {name!r}: EasyOCR imports the network as a Python module, so the name must be an"
+            f" identifier (letters, digits, _), e.g. --name {suggestion}"
+        )
+    if name in EASYOCR_BUILT_IN:
+        raise ValueError(
+            f"--name {name}: EasyOCR would load its own {name} instead; pick another, e.g. --name {name}_custom"
+        )
+
+
 def export_easyocr(
     model: nn.Module,
     codec: CTCCodec,
@@ -755,19 +788,7 @@ def export_easyocr(
     origin: str,
 ) -> int:
     """Write the EasyOCR folder; read the check images with EasyOCR and with `model` when EasyOCR is here."""
-    problems = easyocr_problems(config.model, preprocessing)
-    if problems:
-        raise ValueError("EasyOCR cannot run this model as it was trained: " + "; ".join(problems))
-    if not name.isidentifier():  # EasyOCR imports user_network/NAME.py as a module
-        suggestion = re.sub(r"\W", "_", name).lstrip("0123456789") or "my_model"
-        raise ValueError(
-            f"--name {name!r}: EasyOCR imports the network as a Python module, so the name must be an"
-            f" identifier (letters, digits, _), e.g. --name {suggestion}"
-        )
-    if name in EASYOCR_BUILT_IN:
-        raise ValueError(
-            f"--name {name}: EasyOCR would load its own {name} instead; pick another, e.g. --name " f"{name}_custom"
-        )
+    check_easyocr_export(config, preprocessing, name)
     write_easyocr_model(out, name, model.state_dict(), codec.alphabet, config.model, preprocessing, languages)
     print(
         f"exported easyocr to {out}: model/{name}.pth, user_network/{name}.py and {name}.yaml (imgH "
@@ -796,6 +817,25 @@ def export_easyocr(
     return 0 if passed else 1
 
 
+def export_and_load(
+    model: nn.Module, codec: CTCCodec, config: Config, preprocessing: Preprocessing, export_format: str, out: Path
+) -> tuple[Runner | None, int]:
+    """Export `model` to `out` as onnx or pt2 and say what was written; return the written file loaded for
+    running (None: onnxruntime is not installed) and the narrowest width it reads."""
+    start = time.perf_counter()
+    # Batch 2: torch.export would specialise a batch axis traced at size 1.
+    example = torch.zeros(2, *build_transform(config, preprocessing).output_shape)
+    min_width = narrowest_width(model, preprocessing)
+    export(model, example, export_format, out, metadata(codec, preprocessing), min_width)
+    exported = onnx_runner(out) if export_format == "onnx" else pt2_runner(out)
+    print(
+        f"exported {export_format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f}"
+        f" s: images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
+        f" {codec.num_classes}]"
+    )
+    return exported, min_width
+
+
 def main() -> int:
     args = parse_args()
     config = load_config(args.config, []) if args.config else None
@@ -816,17 +856,7 @@ def main() -> int:
         if args.int8:  # a stale int8 file of an earlier export must not pass for this model's
             int8_path(out).unlink(missing_ok=True)
 
-    start = time.perf_counter()
-    # Batch 2: torch.export would specialise a batch axis traced at size 1.
-    example = torch.zeros(2, *build_transform(config, preprocessing).output_shape)
-    min_width = narrowest_width(model, preprocessing)
-    export(model, example, args.format, out, metadata(codec, preprocessing), min_width)
-    exported = onnx_runner(out) if args.format == "onnx" else pt2_runner(out)
-    print(
-        f"exported {args.format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - start:.1f} s:"
-        f" images [batch, {preprocessing.channels}, {preprocessing.height}, width] -> logits [batch, frames,"
-        f" {codec.num_classes}]"
-    )
+    exported, min_width = export_and_load(model, codec, config, preprocessing, args.format, out)
     if exported is None:
         print(
             f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from data.alphabet import load_alphabet
 from data.lmdb_writer import check_replaceable, write_lmdb
-from synthetic.fonts import HELD_OUT_FAMILIES, needs_cjk_font
+from synthetic.fonts import HELD_OUT_FAMILIES, FontPlan, needs_cjk_font
 from synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
 from synthetic.text import WORDS_FILE, check_left_to_right
 from utils import cli
@@ -120,7 +120,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file: Path | None) -> None:
-    fonts = plan.fonts
+    report_fonts(plan.fonts)
+    report_font_gaps(plan.fonts, alphabet)
+    if words_file is not None:
+        print(
+            f"words: kept {len(plan.text.words)} of {len(plan.text.words) + skipped_words} in {words_file};"
+            f" skipped {skipped_words} (characters outside the alphabet, or longer than --max-length)"
+        )
+    styles = {split: plan.styles_for(split)[0] for split in ("train", "test")}
+    print(
+        f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
+        + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else "")
+    )
+
+
+def report_fonts(fonts: FontPlan) -> None:
+    """The families each split draws with, where they come from, and a warning when they are few."""
     train, held_out = fonts.families(held_out=False), fonts.families(held_out=True)
     origins = sorted({coverage.font.origin.split(" (")[0].split(" ")[0] for coverage in fonts.train + fonts.held_out})
     print(
@@ -146,6 +161,10 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
             "  few typefaces: a model trained on them reads other typefaces poorly; install more with"
             " `pip install -r requirements-fonts.txt` (or fonts-* Debian packages, or --fonts DIR)"
         )
+
+
+def report_font_gaps(fonts: FontPlan, alphabet: str) -> None:
+    """The fonts not used and why, and the alphabet's characters that no font draws."""
     by_reason: dict[str, list[str]] = {}
     for font, reason in fonts.unusable:
         by_reason.setdefault(reason, []).append(Path(font).name if font else "the built-in font")
@@ -160,16 +179,6 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
         )
         if needs_cjk_font(fonts.missing):
             print("  no CJK font has them: install fonts-noto-cjk or fonts-wqy-zenhei, or pass --fonts DIR")
-    if words_file is not None:
-        print(
-            f"words: kept {len(plan.text.words)} of {len(plan.text.words) + skipped_words} in {words_file};"
-            f" skipped {skipped_words} (characters outside the alphabet, or longer than --max-length)"
-        )
-    styles = {split: plan.styles_for(split)[0] for split in ("train", "test")}
-    print(
-        f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
-        + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else "")
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,21 +123,7 @@ def chart(
         axes.text(0.5, 0.5, "no data yet", ha="center", va="center", color=AXIS, transform=axes.transAxes)
         axes.set_axis_off()
         return
-    for line in lines:
-        # Unclipped, or the dot on the last point, on the right edge, would be cut in half; out of the
-        # layout, where an empty series would count as a point at the figure's corner.
-        axes.plot(
-            line.steps,
-            line.values,
-            color=line.color,
-            label=line.name,
-            linewidth=1.5,
-            marker="o",
-            markersize=4.5,
-            markevery=None if len(line.steps) < DOTS_BELOW else [len(line.steps) - 1],
-            clip_on=False,
-            in_layout=False,
-        )
+    draw_lines(axes, lines)
     if log:
         axes.set_yscale("log")
         # Whole decades: matplotlib's margins alone can leave a single labelled tick on a short log axis.
@@ -156,6 +142,25 @@ def chart(
     if legend:
         for label in axes.legend(loc=legend).get_texts():
             label.set_parse_math(False)  # names are paths: "$" is a character, not a formula
+
+
+def draw_lines(axes: Axes, lines: list[Series]) -> None:
+    """Each series as a line, with a dot on every point of a short one and on the last point of a long one."""
+    for line in lines:
+        # Unclipped, or the dot on the last point, on the right edge, would be cut in half; out of the
+        # layout, where an empty series would count as a point at the figure's corner.
+        axes.plot(
+            line.steps,
+            line.values,
+            color=line.color,
+            label=line.name,
+            linewidth=1.5,
+            marker="o",
+            markersize=4.5,
+            markevery=None if len(line.steps) < DOTS_BELOW else [len(line.steps) - 1],
+            clip_on=False,
+            in_layout=False,
+        )
 
 
 def summary(records: Records, names: dict[str, str], run: Path) -> list[str]:
