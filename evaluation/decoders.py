@@ -18,6 +18,7 @@ Beam and lexicon decoding need the `decode` extra: pip install -r requirements-d
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,16 @@ from torch import Tensor
 from data.codec import CTCCodec, Reading, ctc_min_frames
 
 DECODERS = ("greedy", "beam", "lexicon")
+
+
+def add_decoder_options(parser: argparse.ArgumentParser) -> None:
+    """--decoder, --lexicon and --beam-size, as every command that reads with a checkpoint takes them
+    (build_decoder checks their values)."""
+    parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
+    parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
+    parser.add_argument("--beam-size", type=int, default=10, metavar="N", help="--decoder beam's beam (default 10)")
+
+
 Decoder = Callable[[Tensor], list[Reading]]  # [B, T, C] logits -> one reading per image
 BLANK_LABEL = "\0"  # fast-ctc-decoder's name for class 0; never part of a decoded text
 

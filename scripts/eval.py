@@ -39,7 +39,7 @@ from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key
 from data.loaders import build_eval_loader
 from data.transforms import ImageTransform, build_transform, decode_image
-from evaluation.decoders import DECODERS, Decoder, build_decoder
+from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
@@ -126,9 +126,7 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
         help="how predictions are compared with labels for acc, 1-NED, char P/R, CER, --dump's"
         " correct column and --errors (default benchmark, the field's protocol)",
     )
-    parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
-    parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
-    parser.add_argument("--beam-size", type=positive_int, default=10, metavar="N", help="--decoder beam's beam (10)")
+    add_decoder_options(parser)
     parser.add_argument(
         "--split-long",
         action="store_true",

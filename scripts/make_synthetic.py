@@ -57,6 +57,12 @@ def use_plan(plan: RenderPlan) -> None:
     _plan = plan
 
 
+def start_worker(plan: RenderPlan) -> None:
+    """Pool's initializer: the plan, and the signals a worker ends by (utils.cli)."""
+    cli.default_stop_signals_in_worker()
+    use_plan(plan)
+
+
 def render(task: tuple[int, str, int]) -> tuple[bytes, str, bytes]:
     seed, split, index = task
     sample = render_sample(_plan, seed, split, index)
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if words_file is not None and not plan.text.words:
         sys.exit(f"error: --words: no word of {words_file} can be drawn with this alphabet and these fonts")
     # The pool forks after the plan is computed: the workers inherit it.
-    with Pool(args.workers, initializer=use_plan, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
+    with Pool(args.workers, initializer=start_worker, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
         use_plan(plan)
         for split in SPLITS:
             if counts[split]:

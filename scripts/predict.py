@@ -31,7 +31,7 @@ from torch import Tensor
 
 from data.image_files import image_paths
 from data.transforms import ImageTransform, build_transform
-from evaluation.decoders import DECODERS, Decoder, build_decoder
+from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import read_images
 from evaluation.long_crops import LongCropTransform, PiecewiseModel
 from training.checkpoint import load_model
@@ -62,9 +62,7 @@ def parse_args() -> argparse.Namespace:
         choices=PRECISIONS,
         help="default auto: the faster of fp32 and bf16 on this machine, measured (a GPU: bf16)",
     )
-    parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
-    parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
-    parser.add_argument("--beam-size", type=int, default=10, help="--decoder beam's beam (default 10)")
+    add_decoder_options(parser)
     parser.add_argument(
         "--no-split",
         dest="split",

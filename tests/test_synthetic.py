@@ -6,8 +6,10 @@ import io
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
+from multiprocessing import get_context
 from pathlib import Path
 
 import lmdb
@@ -332,6 +334,26 @@ def test_every_background_style_has_one_painter_and_an_unknown_style_is_named():
             assert 0 <= background.min() and background.max() <= 255
     with pytest.raises(ValueError, match="unknown background style 'nope'"):
         paint("nope", random.Random(0), np.random.default_rng(0), 40, 16, True)
+
+
+def stop_signal_handlers() -> tuple:
+    return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+
+def test_rendering_workers_take_sigterm_as_it_comes_so_the_pool_can_end_them():
+    # Pool.terminate() ends its workers with SIGTERM. With the command's handler inherited by the fork,
+    # a worker the signal reached just before it blocked on the task queue stayed there, and
+    # make_synthetic.py with it (seen as a test that timed out now and then).
+    from scripts.make_synthetic import start_worker
+    from utils.cli import StopHandlers
+
+    stops = StopHandlers()
+    try:
+        with get_context("fork").Pool(1, initializer=start_worker, initargs=(None,)) as pool:
+            in_worker = pool.apply(stop_signal_handlers)
+    finally:
+        stops.restore()
+    assert in_worker == (signal.SIG_DFL, signal.SIG_IGN)
 
 
 def test_ordinals_take_the_suffix_print_gives_them():

@@ -84,6 +84,16 @@ def leave_stop_to_the_main_process(signum: int) -> None:
         os._exit(128 + signum)
 
 
+def default_stop_signals_in_worker() -> None:
+    """For a multiprocessing Pool's initializer: the command's stop handlers, inherited by the fork, are
+    dropped. Pool.terminate() ends its workers with SIGTERM, which must kill at once: a handler in Python
+    runs only between bytecodes, so a worker the signal reached just before it blocked on the task queue's
+    lock (held by a sibling the same SIGTERM had just killed) would wait there forever, and the command
+    with it. Ctrl-C is the main process's to handle: ignored here."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def describe(error: BaseException) -> str:
     """The one line an expected failure is reported with."""
     if isinstance(error, OSError) and not isinstance(error, FileNotFoundError) and error.errno in OS_ADVICE:
