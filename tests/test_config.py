@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import REPO
 from training.config import ConfigError, from_dict, load_config, to_dict, validate
 
 
-@pytest.mark.parametrize("name", ["crnn.yaml", "finetune_real.yaml", "easyocr_en.yaml", "mjst.yaml", "cjk.yaml"])
+@pytest.mark.parametrize("name", sorted(path.name for path in (REPO / "configs").glob("*.yaml")))
 def test_every_shipped_config_is_valid(name):
     validate(load_config(name, []))
 

@@ -24,6 +24,7 @@ from conftest import ALPHABET, REPO, read_lmdb, run_env
 from PIL import Image
 from torch import nn
 
+from data.lmdb_writer import write_lmdb
 from data.opencv_resize import resize_opencv_linear
 from data.transforms import ImageTransform, Preprocessing
 from interop.peer_weights import EASYOCR_ENGLISH_G2, detect_format
@@ -280,35 +281,18 @@ def test_bad_sources_are_refused_with_what_was_expected(tmp_path):
     assert not (tmp_path / "x.pt").exists()
 
 
-def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on_two_processes(synth, tmp_path):
+def fine_tune_import(config: str, data: list[str], out_dir: Path, tmp_path: Path) -> tuple[str, dict]:
+    """Imports an english_g2-shaped checkpoint (small widths) and fine-tunes it with `config` on two processes
+    for two steps; returns the log and the source tensors."""
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "g2.pth")
     assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt").returncode == 0
-    out_dir = tmp_path / "ft"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    small = ["model.channels=64", "model.hidden_size=16", "data.img_width=128", "train.batch_size=4"]
+    steps = ["train.max_steps=2", "train.eval_every=2", "train.log_every=1", "data.num_workers=0"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "easyocr_en.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.init_from={tmp_path / 'g2.pt'}",
-            f"train.out_dir={out_dir}",
-            "model.channels=64",
-            "model.hidden_size=16",
-            "data.img_width=128",
-            "train.max_steps=2",
-            "train.batch_size=4",
-            "train.eval_every=2",
-            "train.log_every=1",
-            "data.num_workers=0",
-            "train.precision=fp32",
-        ],
+        [*command, "--config", config, *data, f"train.init_from={tmp_path / 'g2.pt'}", f"train.out_dir={out_dir}"]
+        + [*small, *steps, "train.precision=fp32"],
         cwd=REPO,
         env=run_env(),
         capture_output=True,
@@ -316,7 +300,13 @@ def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    log = result.stdout + result.stderr
+    return result.stdout + result.stderr, source
+
+
+def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on_two_processes(synth, tmp_path):
+    out_dir = tmp_path / "ft"
+    data = [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]"]
+    log, source = fine_tune_import("easyocr_en.yaml", data, out_dir, tmp_path)
     assert "init_from" in log and "loaded 44 of 44 tensors" in log
     assert (
         "rows matched by character" in log and "60 characters of the checkpoint's alphabet not in data.alphabet" in log
@@ -332,6 +322,23 @@ def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on
     new_row = tuned["model"]["classifier.weight"][ALPHABET.index("a") + 1]
     assert (new_row - rows[EASYOCR_ENGLISH_G2.index("a") + 1]).abs().max() < 0.01
     assert (new_row - rows[EASYOCR_ENGLISH_G2.index("b") + 1]).abs().max() > 0.05
+
+
+def test_finetune_easyocr_tunes_an_import_on_real_like_crops_with_their_marks_removed(synth, tmp_path):
+    # Labelled the way real crops are: capitals and punctuation the 36-character alphabet lacks.
+    samples = read_lmdb(synth / "val")
+    write_lmdb(tmp_path / "real", [(image, label.upper() + "!") for image, label in samples[:20]])
+    data = [f"data.train=[{tmp_path / 'real'},{synth / 'train'}]", f"data.val=[{synth / 'val'}]"]
+    log, _ = fine_tune_import("finetune_easyocr.yaml", data, tmp_path / "ft", tmp_path)
+    assert "loaded 44 of 44 tensors" in log and "rows matched by character" in log
+    assert f"{tmp_path / 'real'}: kept 20 of 20; dropped: none" in log
+    assert "20 labels lost characters outside the alphabet" in log
+    tuned = load_checkpoint(tmp_path / "ft" / "last.pt")
+    assert tuned["config"]["data"]["train_ratios"] == [0.5, 0.5] and tuned["config"]["optim"]["ema_decay"] > 0
+    imported = load_checkpoint(tmp_path / "g2.pt")["preprocessing"]
+    assert {key: value for key, value in tuned["preprocessing"].items() if key != "width"} == {
+        key: value for key, value in imported.items() if key != "width"
+    }
 
 
 def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_path, tiny_run):
