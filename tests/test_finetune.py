@@ -13,6 +13,8 @@ import torch
 from data.lmdb_writer import write_lmdb
 from tests.conftest import REPO, read_lmdb, run_env
 
+pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+
 # How real datasets write labels the 36-character alphabet cannot hold all of.
 RELABEL = (
     lambda label: label,

