@@ -97,3 +97,15 @@ def test_preprocessing_keys_are_checked(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(config)
     validate(load_config("crnn.yaml", ["model.in_channels=3", "data.mean=[0.485,0.456,0.406]", "data.std=[0.229]"]))
+
+
+@pytest.mark.parametrize(
+    "tuning, start", [("finetune_real.yaml", "crnn.yaml"), ("finetune_easyocr.yaml", "easyocr_en.yaml")]
+)
+def test_a_fine_tuning_config_builds_the_network_and_input_of_the_config_it_starts_from(tuning, start):
+    # train.init_from loads the start's checkpoint: a model key or an input key that drifted apart would
+    # load only some tensors, or feed the weights images they were not trained on.
+    tuned, started = load_config(tuning, []), load_config(start, [])
+    assert tuned.model == started.model
+    keys = ("alphabet", "fold_case", "img_height", "img_width", "keep_aspect", "interpolation", "eval_width_step")
+    assert [getattr(tuned.data, key) for key in keys] == [getattr(started.data, key) for key in keys]
