@@ -342,9 +342,7 @@ def test_finetune_easyocr_tunes_an_import_on_real_like_crops_with_their_marks_re
     tuned = load_checkpoint(tmp_path / "ft" / "last.pt")
     assert tuned["config"]["data"]["train_ratios"] == [0.5, 0.5] and tuned["config"]["optim"]["ema_decay"] > 0
     imported = load_checkpoint(tmp_path / "g2.pt")["preprocessing"]
-    assert {key: value for key, value in tuned["preprocessing"].items() if key != "width"} == {
-        key: value for key, value in imported.items() if key != "width"
-    }
+    assert {**tuned["preprocessing"], "width": imported["width"]} == imported  # the test narrows the width
 
 
 @pytest.mark.slow  # starts real processes
