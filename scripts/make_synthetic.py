@@ -10,9 +10,10 @@ What is written: real words (synthetic/words/english.txt, from SCOWL: synthetic/
 strings, now and then with punctuation beside them (a mark the alphabet lacks is drawn, not
 labelled, as the benchmarks score it); with a case-folding alphabet (lowercase, no capitals) in
 lower, Capitalised and UPPER case, the label folded. Typefaces: every font installed on the machine
-(fontconfig), every font package (`pip install -r requirements-fonts.txt`) and `--fonts DIR`; a text
+(fontconfig), every font package (`pip install -r requirements-synthetic.txt`) and `--fonts DIR`; a text
 is drawn only with a font that has all of its characters. Appearance: dark-on-light and
-light-on-dark, flat, gradient, noisy, blotchy and striped backgrounds or `--backgrounds` photos;
+light-on-dark, flat, gradient, noisy, blotchy and striped backgrounds, or photos: scikit-image's
+public-domain samples (`pip install -r requirements-synthetic.txt`) and `--backgrounds DIR`'s;
 outlines, shadows, letter spacing, curved baselines, neighbouring words and lines cut by tight or
 loose crops; rotation, shear, perspective, short words steeply tilted in an upright crop; blur,
 motion blur, low resolution, noise, JPEG artefacts.
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 from data.alphabet import load_alphabet
 from data.lmdb_writer import check_replaceable, write_lmdb
+from synthetic.backgrounds import package_photos
 from synthetic.fonts import HELD_OUT_FAMILIES, FontPlan, needs_cjk_font
 from synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
 from synthetic.text import WORDS_FILE, check_left_to_right
@@ -111,6 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="font families rendered in test only, where installed (default: %(default)s)",
     )
     parser.add_argument("--backgrounds", type=Path, help="also draw on crops of the photos in this folder")
+    parser.add_argument(
+        "--package-photos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also draw on crops of the public-domain sample photos scikit-image ships, where installed"
+        " (default: yes)",
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="rendering processes")
     parser.add_argument("--overwrite", action="store_true", help="replace existing OUT/train, OUT/val and OUT/test")
     args = parser.parse_args(argv)
@@ -125,8 +134,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file: Path | None) -> None:
-    report_fonts(plan.fonts)
+def report_plan(
+    plan: RenderPlan,
+    alphabet: str,
+    skipped_words: int,
+    words_file: Path | None,
+    system_fonts: bool,
+    packaged_photos: bool,
+) -> None:
+    """What the plan draws with, and a hint where an install step that pays on real text was missed."""
+    report_fonts(plan.fonts, system_fonts)
     report_font_gaps(plan.fonts, alphabet)
     if words_file is not None:
         print(
@@ -138,10 +155,16 @@ def report_plan(plan: RenderPlan, alphabet: str, skipped_words: int, words_file:
         f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
         + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else "")
     )
+    if packaged_photos and not package_photos():
+        print(
+            "  no photo backgrounds from packages: `pip install -r requirements-synthetic.txt` adds scikit-image's"
+            " 12 public-domain photos (a model trained with them reads real crops better, docs/real-text.md)"
+        )
 
 
-def report_fonts(fonts: FontPlan) -> None:
-    """The families each split draws with, where they come from, and a warning when they are few."""
+def report_fonts(fonts: FontPlan, system_fonts: bool) -> None:
+    """The families each split draws with, where they come from, and a warning when they are few or no font
+    package is installed (`system_fonts`: the machine's and the packages' fonts were asked for)."""
     train, held_out = fonts.families(held_out=False), fonts.families(held_out=True)
     origins = sorted({coverage.font.origin.split(" (")[0].split(" ")[0] for coverage in fonts.train + fonts.held_out})
     print(
@@ -162,10 +185,15 @@ def report_fonts(fonts: FontPlan) -> None:
             f"  {len(packages)} font packages, licences: "
             + ", ".join(f"{licence} {count}" for licence, count in licences.most_common())
         )
+    if system_fonts and not packages:
+        print(
+            "  no font packages: `pip install -r requirements-synthetic.txt` adds 68 families (a model trained on"
+            " the system's fonts alone read real crops 11.8 points worse, docs/real-text.md)"
+        )
     if len(train) < 5:
         print(
             "  few typefaces: a model trained on them reads other typefaces poorly; install more with"
-            " `pip install -r requirements-fonts.txt` (or fonts-* Debian packages, or --fonts DIR)"
+            " `pip install -r requirements-synthetic.txt` (or fonts-* Debian packages, or --fonts DIR)"
         )
 
 
@@ -209,14 +237,21 @@ def main(argv: list[str] | None = None) -> None:
     held_out = tuple(family.strip() for family in args.held_out_fonts.split(",") if family.strip())
     try:
         plan, skipped_words = build_plan(
-            alphabet, args.max_length, words_file, args.fonts, held_out, args.backgrounds, args.system_fonts
+            alphabet,
+            args.max_length,
+            words_file,
+            args.fonts,
+            held_out,
+            args.backgrounds,
+            args.system_fonts,
+            args.package_photos,
         )
     except FileNotFoundError as error:
         option = "--backgrounds" if "background" in str(error) else "--fonts"
         sys.exit(f"error: {option}: {error}")
     except UnicodeDecodeError as error:
         sys.exit(f"error: --words: {words_file} is not UTF-8 text ({error})")
-    report_plan(plan, alphabet, skipped_words, words_file)
+    report_plan(plan, alphabet, skipped_words, words_file, args.system_fonts, args.package_photos)
     if not plan.fonts.alphabet.strip():
         sys.exit(
             "error: no font can draw any character of the alphabet; install fonts that have them"

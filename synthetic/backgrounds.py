@@ -1,7 +1,8 @@
 """What text is written on: procedural backgrounds of several styles, and photos.
 
 Every style paints an RGB float array of a given size in a light or a dark tone (the text then takes
-the other). The styles in HELD_OUT_STYLES are painted for the test split only.
+the other). The styles in HELD_OUT_STYLES are painted for the test split only. Photos come from a
+`--backgrounds` folder and from the sample photos scikit-image ships (`package_photos`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from functools import lru_cache
+from importlib.util import find_spec
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -18,7 +21,24 @@ T = TypeVar("T")
 
 TRAIN_STYLES = ("flat", "gradient", "noise", "blotches", "stripes")
 HELD_OUT_STYLES = ("paper", "grid", "dots")
-PHOTO = "photo"  # a crop of a --backgrounds image; its files are split between train/val and test
+PHOTO = "photo"  # a crop of a photo file; the files are split between train/val and test
+# The sample photos in scikit-image's wheel (skimage/data; requirements-synthetic.txt pins the version),
+# each public domain or CC0 by its docstring in skimage/data/_fetchers.py. Left out: those showing words
+# (text, page, logo), which would be unlabelled text, and the drawings, microscopy and tiny ones.
+PACKAGE_PHOTOS = (
+    "astronaut.png",
+    "brick.png",
+    "camera.png",
+    "chelsea.png",
+    "clock_motion.png",
+    "coffee.png",
+    "coins.png",
+    "grass.png",
+    "gravel.png",
+    "hubble_deep_field.jpg",
+    "retina.jpg",
+    "rocket.jpg",
+)
 
 
 def base_color(rng: random.Random, light: bool) -> np.ndarray:
@@ -165,6 +185,16 @@ PAINTERS: dict[str, Painter] = {
 }
 
 
+def package_photos() -> list[str]:
+    """The files of PACKAGE_PHOTOS in the installed scikit-image, in that order; [] without it. Found, not
+    imported: importing skimage would load scipy in every worker for a few PNG files."""
+    spec = find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return [str(folder / name) for name in PACKAGE_PHOTOS if (folder / name).is_file()]
+
+
 @lru_cache(maxsize=64)
 def load_photo(path: str) -> Image.Image:
     image = check_photo(path, lambda image: image.convert("RGB"))
@@ -180,7 +210,8 @@ def check_photo(path: str, read: Callable[[Image.Image], T]) -> T:
             return read(image)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ValueError(
-            f"background photo {path} cannot be read ({error}); remove it from the --backgrounds" f" folder"
+            f"background photo {path} cannot be read ({error}); remove it from the --backgrounds folder"
+            " (one of scikit-image's: reinstall scikit-image, or pass --no-package-photos)"
         ) from None
 
 

@@ -4,7 +4,7 @@ families are held out of training.
 Fonts come from three places: fontconfig (every font installed on the system, e.g. Debian's
 fonts-dejavu-core or fonts-liberation), Python packages that ship font files and register them
 under the `fontpkg.family` entry point (PyPI's `fontpkg-*` Google Fonts families, see
-requirements-fonts.txt), and `--fonts DIR`. A font is used for a text only if it has a glyph for
+requirements-synthetic.txt), and `--fonts DIR`. A font is used for a text only if it has a glyph for
 every character of it.
 """
 

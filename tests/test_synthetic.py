@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 import signal
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from synthetic.backgrounds import HELD_OUT_STYLES, PAINTERS, TRAIN_STYLES, paint
+from synthetic.backgrounds import HELD_OUT_STYLES, PACKAGE_PHOTOS, PAINTERS, TRAIN_STYLES, paint
 from synthetic.text import MARKS, ordinal
 from tests.conftest import read_lmdb, run_env
 
@@ -181,9 +182,8 @@ def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, 
 
 @pytest.mark.slow
 def test_held_out_fonts_and_backgrounds_appear_in_test_only(dejavu, tmp_path):
-    result = generate(
-        tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", "--no-system-fonts", "--fonts", str(dejavu)
-    )
+    options = ("--no-system-fonts", "--fonts", str(dejavu), "--no-package-photos")
+    result = generate(tmp_path / "synth", "--train", "120", "--val", "40", "--test", "40", *options)
     assert "fonts: 2 families for train and val, 1 held out for test" in result.stdout
     assert "held out: DejaVu Serif" in result.stdout
     for split in ("train", "val"):
@@ -216,6 +216,7 @@ def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dej
         str(dejavu),
         "--backgrounds",
         str(photos),
+        "--no-package-photos",
     )
     assert "photos 4 + 1 held out" in result.stdout
     train, test = metas(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "test")
@@ -223,6 +224,53 @@ def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dej
         f"photo-{index}.png" for index in range(4)
     }
     assert {record["photo"] for record in test if record["background"] == "photo"} == {"photo-4.png"}
+
+
+def fake_skimage(site: Path, photos: tuple[str, ...]) -> None:
+    """A package named skimage under `site` whose data/ folder holds `photos`, random pixels each."""
+    (site / "skimage" / "data").mkdir(parents=True)
+    (site / "skimage" / "__init__.py").write_text("raise ImportError('the generator must not import skimage')\n")
+    for index, name in enumerate(photos):
+        pixels = np.random.default_rng(index).integers(0, 256, (120, 200, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(site / "skimage" / "data" / name)
+
+
+@pytest.mark.slow
+def test_scikit_images_sample_photos_are_drawn_on_and_every_fifth_is_held_out(dejavu, tmp_path):
+    """The listed photos are found in the installed scikit-image without importing it, in the listed order;
+    a file it does not list (text.png: a page of words) is never drawn on."""
+    site = tmp_path / "site"
+    fake_skimage(site, (*PACKAGE_PHOTOS[:5], "text.png"))
+    options = ("--train", "150", "--val", "0", "--test", "60", "--no-system-fonts", "--fonts", str(dejavu))
+    env = {**run_env(), "PYTHONPATH": f"{site}{os.pathsep}{run_env()['PYTHONPATH']}"}
+    result = generate(tmp_path / "synth", *options, env=env)
+    assert "photos 4 + 1 held out" in result.stdout and "no photo backgrounds" not in result.stdout
+    train, test = metas(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "test")
+    assert {record["photo"] for record in train if record["background"] == "photo"} == set(PACKAGE_PHOTOS[:4])
+    assert {record["photo"] for record in test if record["background"] == "photo"} == {PACKAGE_PHOTOS[4]}
+
+    result = generate(tmp_path / "without", *options, "--no-package-photos", env=env)
+    assert "photos" not in result.stdout.split("backgrounds:")[1]
+    assert "photo" not in {record["background"] for record in metas(tmp_path / "without" / "train")}
+
+
+@pytest.mark.slow
+def test_a_run_without_the_font_and_photo_packages_says_how_to_install_them(tmp_path):
+    site = tmp_path / "site"
+    fake_skimage(site, ())  # scikit-image without its photos, as if it were not installed
+    result = generate(
+        tmp_path / "synth",
+        "--train",
+        "20",
+        "--val",
+        "0",
+        "--test",
+        "0",
+        env={**run_env(), "PYTHONPATH": f"{site}{os.pathsep}{run_env()['PYTHONPATH']}"},
+    )
+    assert "no photo backgrounds from packages: `pip install -r requirements-synthetic.txt`" in result.stdout
+    installed_fonts = "font packages, licences:" in result.stdout
+    assert installed_fonts != ("no font packages: `pip install -r requirements-synthetic.txt`" in result.stdout)
 
 
 @pytest.mark.slow
