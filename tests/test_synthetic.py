@@ -226,23 +226,24 @@ def test_background_photos_are_drawn_on_and_every_fifth_is_held_out_for_test(dej
     assert {record["photo"] for record in test if record["background"] == "photo"} == {"photo-4.png"}
 
 
-def fake_skimage(site: Path, photos: tuple[str, ...]) -> None:
-    """A package named skimage under `site` whose data/ folder holds `photos`, random pixels each."""
+def fake_skimage(site: Path, photos: tuple[str, ...]) -> dict[str, str]:
+    """A package named skimage under `site` whose data/ folder holds `photos`, random pixels each; the
+    environment in which child processes find it first."""
     (site / "skimage" / "data").mkdir(parents=True)
     (site / "skimage" / "__init__.py").write_text("raise ImportError('the generator must not import skimage')\n")
     for index, name in enumerate(photos):
         pixels = np.random.default_rng(index).integers(0, 256, (120, 200, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(site / "skimage" / "data" / name)
+    env = run_env()
+    return {**env, "PYTHONPATH": f"{site}{os.pathsep}{env['PYTHONPATH']}"}
 
 
 @pytest.mark.slow
 def test_scikit_images_sample_photos_are_drawn_on_and_every_fifth_is_held_out(dejavu, tmp_path):
     """The listed photos are found in the installed scikit-image without importing it, in the listed order;
     a file it does not list (text.png: a page of words) is never drawn on."""
-    site = tmp_path / "site"
-    fake_skimage(site, (*PACKAGE_PHOTOS[:5], "text.png"))
+    env = fake_skimage(tmp_path / "site", (*PACKAGE_PHOTOS[:5], "text.png"))
     options = ("--train", "150", "--val", "0", "--test", "60", "--no-system-fonts", "--fonts", str(dejavu))
-    env = {**run_env(), "PYTHONPATH": f"{site}{os.pathsep}{run_env()['PYTHONPATH']}"}
     result = generate(tmp_path / "synth", *options, env=env)
     assert "photos 4 + 1 held out" in result.stdout and "no photo backgrounds" not in result.stdout
     train, test = metas(tmp_path / "synth" / "train"), metas(tmp_path / "synth" / "test")
@@ -256,8 +257,7 @@ def test_scikit_images_sample_photos_are_drawn_on_and_every_fifth_is_held_out(de
 
 @pytest.mark.slow
 def test_a_run_without_the_font_and_photo_packages_says_how_to_install_them(tmp_path):
-    site = tmp_path / "site"
-    fake_skimage(site, ())  # scikit-image without its photos, as if it were not installed
+    env = fake_skimage(tmp_path / "site", ())  # scikit-image without its photos, as if it were not installed
     result = generate(
         tmp_path / "synth",
         "--train",
@@ -266,7 +266,7 @@ def test_a_run_without_the_font_and_photo_packages_says_how_to_install_them(tmp_
         "0",
         "--test",
         "0",
-        env={**run_env(), "PYTHONPATH": f"{site}{os.pathsep}{run_env()['PYTHONPATH']}"},
+        env=env,
     )
     assert "no photo backgrounds from packages: `pip install -r requirements-synthetic.txt`" in result.stdout
     installed_fonts = "font packages, licences:" in result.stdout
