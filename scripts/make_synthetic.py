@@ -140,7 +140,7 @@ def report_plan(
     skipped_words: int,
     words_file: Path | None,
     system_fonts: bool,
-    packaged_photos: bool,
+    photo_package_missing: bool,
 ) -> None:
     """What the plan draws with, and a hint where an install step that pays on real text was missed."""
     report_fonts(plan.fonts, system_fonts)
@@ -155,7 +155,7 @@ def report_plan(
         f"backgrounds: train and val {', '.join(styles['train'])}; test {', '.join(styles['test'])}"
         + (f"; photos {len(plan.photos)} + {len(plan.held_out_photos)} held out" if plan.photos else "")
     )
-    if packaged_photos and not package_photos():
+    if photo_package_missing:
         print(
             "  no photo backgrounds from packages: `pip install -r requirements-synthetic.txt` adds scikit-image's"
             " 12 public-domain photos (a model trained with them reads real crops better, docs/real-text.md)"
@@ -187,8 +187,8 @@ def report_fonts(fonts: FontPlan, system_fonts: bool) -> None:
         )
     if system_fonts and not packages:
         print(
-            "  no font packages: `pip install -r requirements-synthetic.txt` adds 68 families (a model trained on"
-            " the system's fonts alone read real crops 11.8 points worse, docs/real-text.md)"
+            "  no font packages: `pip install -r requirements-synthetic.txt` adds the README's typefaces (a model"
+            " trained on the system's fonts alone read real crops 11.8 points worse, docs/real-text.md)"
         )
     if len(train) < 5:
         print(
@@ -226,15 +226,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: --alphabet has only whitespace; give it characters that can be drawn")
     counts = {"train": args.train, "val": args.val, "test": args.test}
     # Checked before rendering anything, so an existing val does not fail the run after train is done.
-    for split in SPLITS:
-        if counts[split]:
-            check_replaceable(args.out / split, args.overwrite)
+    for split in (split for split in SPLITS if counts[split]):
+        check_replaceable(args.out / split, args.overwrite)
     words_file = None if args.no_words else args.words
     if words_file is not None and not words_file.is_file():
         sys.exit(f"error: --words: {words_file} does not exist")
     if not args.system_fonts and args.fonts is None:
         sys.exit("error: --no-system-fonts needs --fonts DIR: there would be no font to draw with")
     held_out = tuple(family.strip() for family in args.held_out_fonts.split(",") if family.strip())
+    photos = tuple(package_photos()) if args.package_photos else ()  # the --backgrounds folder adds its own
     try:
         plan, skipped_words = build_plan(
             alphabet,
@@ -244,14 +244,14 @@ def main(argv: list[str] | None = None) -> None:
             held_out,
             args.backgrounds,
             args.system_fonts,
-            args.package_photos,
+            photos,
         )
     except FileNotFoundError as error:
         option = "--backgrounds" if "background" in str(error) else "--fonts"
         sys.exit(f"error: {option}: {error}")
     except UnicodeDecodeError as error:
         sys.exit(f"error: --words: {words_file} is not UTF-8 text ({error})")
-    report_plan(plan, alphabet, skipped_words, words_file, args.system_fonts, args.package_photos)
+    report_plan(plan, alphabet, skipped_words, words_file, args.system_fonts, args.package_photos and not photos)
     if not plan.fonts.alphabet.strip():
         sys.exit(
             "error: no font can draw any character of the alphabet; install fonts that have them"

@@ -23,7 +23,6 @@ from synthetic.backgrounds import (
     TRAIN_STYLES,
     check_photo,
     luminance,
-    package_photos,
     paint,
 )
 from synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
@@ -489,17 +488,17 @@ def build_plan(
     held_out_families: tuple[str, ...] = HELD_OUT_FAMILIES,
     backgrounds: Path | None = None,
     system_fonts: bool = True,
-    packaged_photos: bool = False,
+    packaged_photos: tuple[str, ...] = (),
 ) -> tuple[RenderPlan, int]:
     """The plan for `alphabet`, and how many words of `words_file` were skipped (characters outside the
     alphabet, or longer than `max_length`). `words_file=None` draws no words; `system_fonts=False` uses
-    `fonts_folder`'s fonts alone; `packaged_photos` adds scikit-image's sample photos, where installed,
-    to the `backgrounds` folder's."""
+    `fonts_folder`'s fonts alone; `packaged_photos` (photo files a package ships, `package_photos()`)
+    come before the `backgrounds` folder's."""
     fold = folds_case(alphabet)
     fonts = tuple(find_fonts(fonts_folder, system_fonts)) or (Font(None, "Pillow built-in", "Pillow"),)
     font_plan = plan_fonts(fonts, alphabet, held_out_families, fold)
     words, skipped = load_words(words_file, font_plan.alphabet, max_length, fold) if words_file else ((), 0)
-    photos = (package_photos() if packaged_photos else []) + (photo_files(backgrounds) if backgrounds else [])
+    photos = [*packaged_photos, *(photo_files(backgrounds) if backgrounds else [])]
     # Every fifth photo is held out for test, so test's photo backgrounds are unseen too.
     held_out_photos = tuple(photos[4::5]) if len(photos) >= 2 else ()
     train_photos = tuple(photo for photo in photos if photo not in held_out_photos)
