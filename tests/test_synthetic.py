@@ -138,6 +138,18 @@ def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     assert len(labels) - in_list - numbers > 0.1 * len(labels)  # codes, ordinals, random strings
 
 
+def test_words_are_drawn_in_upper_case_most_often_as_on_real_signs(tmp_path):
+    generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
+    word_list = Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt"
+    words = set(word_list.read_text().lower().split())
+    texts = [meta["text"].strip(MARKS) for meta in metas(tmp_path / "synth" / "train")]
+    drawn = [text for text in texts if len(text) >= 2 and text.lower() in words and text.isalpha()]
+    upper = sum(text.isupper() for text in drawn) / len(drawn)
+    lower = sum(text.islower() for text in drawn) / len(drawn)
+    assert len(drawn) > 150
+    assert 0.4 < upper < 0.7 and 0.08 < lower < 0.35  # 55 % and 20 % drawn (words listed in capitals stay so)
+
+
 @pytest.mark.slow
 def test_a_case_folding_alphabet_gets_capitals_drawn_with_folded_labels(dejavu, tmp_path):
     """The alphabet "a" folds case, so "A" is drawn half the time, labelled "a". In the pixels: a
