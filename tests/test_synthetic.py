@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from synthetic.backgrounds import HELD_OUT_STYLES, PACKAGE_PHOTOS, PAINTERS, TRAIN_STYLES, paint
-from synthetic.text import MARKS, ordinal
+from synthetic.text import MARKS, WORDS_FILE, ordinal
 from tests.conftest import read_lmdb, run_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
@@ -129,8 +129,7 @@ def test_other_seed_other_samples(seed0, tmp_path):
 def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
     labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
-    word_list = Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt"
-    words = set(word_list.read_text().lower().split())
+    words = set(WORDS_FILE.read_text().lower().split())
     in_list = sum(label in words for label in labels)
     numbers = sum(label.isdigit() for label in labels)
     assert 0.35 * len(labels) < in_list < 0.8 * len(labels)
@@ -140,8 +139,7 @@ def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
 
 def test_words_are_drawn_in_upper_case_most_often_as_on_real_signs(tmp_path):
     generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
-    word_list = Path(__file__).resolve().parents[1] / "synthetic" / "words" / "english.txt"
-    words = set(word_list.read_text().lower().split())
+    words = set(WORDS_FILE.read_text().lower().split())
     texts = [meta["text"].strip(MARKS) for meta in metas(tmp_path / "synth" / "train")]
     drawn = [text for text in texts if len(text) >= 2 and text.lower() in words and text.isalpha()]
     upper = sum(text.isupper() for text in drawn) / len(drawn)
