@@ -123,6 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="rendering processes")
     parser.add_argument("--overwrite", action="store_true", help="replace existing OUT/train, OUT/val and OUT/test")
     args = parser.parse_args(argv)
+    check_counts(parser, args)
+    return args
+
+
+def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with a usage error naming the option when a count is out of range."""
     for option in ("train", "val", "test", "seed"):
         if getattr(args, option) < 0:
             parser.error(f"--{option} must be >= 0, got {getattr(args, option)}")
@@ -131,7 +137,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for option in ("max_length", "workers"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
-    return args
 
 
 def report_plan(
