@@ -125,10 +125,17 @@ def test_other_seed_other_samples(seed0, tmp_path):
     assert not (tmp_path / "synth" / "val").exists()  # --val 0: no split written
 
 
+@pytest.fixture(scope="module")
+def default_text(tmp_path_factory) -> Path:
+    """300 training samples drawn with the defaults: what the text sampler gives, for the tests of it."""
+    out = tmp_path_factory.mktemp("default_text") / "synth"
+    generate(out, "--train", "300", "--val", "0", "--test", "0")
+    return out / "train"
+
+
 @pytest.mark.slow
-def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
-    generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
-    labels = [label for _, label in read_lmdb(tmp_path / "synth" / "train")]
+def test_the_text_mixes_words_numbers_and_random_strings(default_text):
+    labels = [label for _, label in read_lmdb(default_text)]
     words = set(WORDS_FILE.read_text().lower().split())
     in_list = sum(label in words for label in labels)
     numbers = sum(label.isdigit() for label in labels)
@@ -137,10 +144,10 @@ def test_the_text_mixes_words_numbers_and_random_strings(tmp_path):
     assert len(labels) - in_list - numbers > 0.1 * len(labels)  # codes, ordinals, random strings
 
 
-def test_words_are_drawn_in_upper_case_most_often_as_on_real_signs(tmp_path):
-    generate(tmp_path / "synth", "--train", "300", "--val", "0", "--test", "0")
+@pytest.mark.slow
+def test_words_are_drawn_in_upper_case_most_often_as_on_real_signs(default_text):
     words = set(WORDS_FILE.read_text().lower().split())
-    texts = [meta["text"].strip(MARKS) for meta in metas(tmp_path / "synth" / "train")]
+    texts = [meta["text"].strip(MARKS) for meta in metas(default_text)]
     drawn = [text for text in texts if len(text) >= 2 and text.lower() in words and text.isalpha()]
     upper = sum(text.isupper() for text in drawn) / len(drawn)
     lower = sum(text.islower() for text in drawn) / len(drawn)
