@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --alphabet: {error}")
     if alphabet.isspace():
         sys.exit("error: --alphabet has only whitespace; give it characters that can be drawn")
-    counts = {"train": args.train, "val": args.val, "test": args.test}
+    counts = {split: getattr(args, split) for split in SPLITS if getattr(args, split)}  # the splits asked for
     # Checked before rendering anything, so an existing val does not fail the run after train is done.
-    for split in (split for split in SPLITS if counts[split]):
+    for split in counts:
         check_replaceable(args.out / split, args.overwrite)
     words_file = None if args.no_words else args.words
     if words_file is not None and not words_file.is_file():
@@ -267,9 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     # The pool forks after the plan is computed: the workers inherit it.
     with Pool(args.workers, initializer=start_worker, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
         use_plan(plan)
-        for split in SPLITS:
-            if counts[split]:
-                write_split(args.out / split, args.seed, split, counts[split], pool, args.overwrite)
+        for split, count in counts.items():
+            write_split(args.out / split, args.seed, split, count, pool, args.overwrite)
 
 
 if __name__ == "__main__":
