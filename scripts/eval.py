@@ -392,7 +392,7 @@ def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -
         env.device,
         model,
         inference_shape(preprocessing, args.batch_size),
-        False,
+        training=False,
         log=print,
         is_main=env.is_main,
         group=env.cpu_group,

@@ -138,7 +138,7 @@ def predict(
         device,
         model,
         inference_shape(preprocessing, batch_size),
-        False,
+        training=False,
         log=lambda line: print(line, file=sys.stderr),
         option="--precision",
     )

@@ -90,7 +90,9 @@ def test_the_models_own_steps_are_timed_and_the_faster_precision_chosen(two_cand
     model = model_from_config(ModelConfig(hidden_size=16, settings={"channels": [4, 8, 8, 8, 8, 8, 8]}), 11)
     weights = {name: value.clone() for name, value in model.state_dict().items()}
     for training_step in (True, False):
-        choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), training_step, log=lambda _: None)
+        choice = choose_precision(
+            "auto", torch.device("cpu"), model, (2, 1, 32, 64), training=training_step, log=lambda _: None
+        )
         assert choice == faster
     assert set(last_precision) == {"fp32", "bf16"}
     # Timing trained a copy: the model's weights and BatchNorm statistics are as they were, with no gradients.
@@ -106,7 +108,7 @@ def test_a_model_with_global_batch_statistics_is_timed_without_collectives(two_c
         torch.device("cpu"),
     )
     assert any(isinstance(module, CpuSyncBatchNorm) for module in model.modules())
-    choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), True, log=lambda _: None)
+    choice = choose_precision("auto", torch.device("cpu"), model, (2, 1, 32, 64), training=True, log=lambda _: None)
     assert choice in ("fp32", "bf16")
     assert any(isinstance(module, CpuSyncBatchNorm) for module in model.modules())  # the model itself is untouched
 

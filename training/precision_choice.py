@@ -28,6 +28,7 @@ def choose_precision(
     device: torch.device,
     model: nn.Module,
     input_shape: tuple[int, int, int, int],
+    *,
     training: bool,
     memory_format: torch.memory_format = torch.contiguous_format,
     log: Callable[[str], None] = print,
