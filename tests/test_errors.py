@@ -383,6 +383,7 @@ def test_eval_sh_given_a_run_folder_names_the_checkpoint_inside(synth, tiny_run)
         ["scripts/inspect_lmdb.py", "{tmp}/missing"],
         ["scripts/plot.py", "{tmp}/missing"],
         ["scripts/create_lmdb.py", "--images", "{tmp}", "--gt", "{tmp}/gt.txt", "--out", "{tmp}"],
+        ["scripts/split_lmdb.py", "{tmp}/missing", "--val", "1", "--out", "{tmp}/split"],
         ["scripts/make_synthetic.py", "--out", "{tmp}/notes.txt", "--train", "2", "--val", "0", "--test", "0"],
         ["train.py", "--config", "{tmp}/twice.yaml"],
     ],

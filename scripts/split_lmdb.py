@@ -1,0 +1,128 @@
+"""Split labelled LMDBs into a training LMDB and a held-out validation LMDB, drawn at random with a
+seed: the validation set that picks best.pt when you fine-tune on your own real crops.
+
+    python scripts/split_lmdb.py real/IIIT5K_train_2000 real/SVT_train_257 real/IC15_train_4468 \
+        --val 672 --out datasets/real
+    python scripts/split_lmdb.py datasets/mine --val 10% --out datasets/mine_split --seed 1
+
+writes OUT/train and OUT/val. The samples of all the given LMDBs are pooled, shuffled once with
+`--seed` and the first `--val` of them held out (a count, or a share such as 10%); each split keeps
+the samples in the order they came. Image bytes, labels and any `meta-` keys are copied unchanged.
+The sources are opened read-only, and each split is built beside its folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from data.lmdb_env import first_index, highest_index, open_lmdb
+from data.lmdb_keys import LabelNotUtf8, image_key, meta_key, read_label
+from data.lmdb_writer import check_replaceable, write_lmdb
+from utils import cli
+
+SampleRef = tuple[int, int]  # (which source, sample index in it)
+
+
+def parse_val(spec: str) -> tuple[int | None, float | None]:
+    """`--val` as (count, None) for "672" or (None, share) for "10%"."""
+    try:
+        if spec.endswith("%"):
+            share = float(spec[:-1]) / 100
+            if 0 < share < 1:
+                return None, share
+        elif int(spec) > 0:
+            return int(spec), None
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{spec!r}: give a count of samples (672) or a share between 0 and 100 % (10%)")
+
+
+def labelled_samples(sources: list[Path]) -> list[SampleRef]:
+    """Every sample of `sources` that has both an image and a label, in order. A label that is not
+    UTF-8 is an error naming it: copied, it would come out changed."""
+    samples = []
+    for source_number, source in enumerate(sources):
+        with open_lmdb(source, readahead=True) as env, env.begin() as txn:
+            missing = 0
+            for index in range(first_index(txn), highest_index(txn) + 1):
+                try:
+                    label = read_label(txn, index, strict=True)
+                except LabelNotUtf8 as error:
+                    raise ValueError(f"{source}: {error}; fix that label (nothing was written)") from None
+                if label is None or txn.get(image_key(index)) is None:
+                    missing += 1
+                else:
+                    samples.append((source_number, index))
+        if missing:
+            print(f"{source}: left out {missing} index(es) without both an image and a label")
+    return samples
+
+
+def held_out_count(total: int, count: int | None, share: float | None) -> int:
+    held_out = count if count is not None else round(total * share)
+    if not 0 < held_out < total:
+        raise ValueError(
+            f"--val takes {held_out} of the {total} labelled samples; both splits need at least one: give a"
+            f" count between 1 and {total - 1}"
+        )
+    return held_out
+
+
+def copied(sources: list[Path], samples: list[SampleRef]) -> Iterator[tuple[bytes, str] | tuple[bytes, str, bytes]]:
+    """The image bytes, label and meta (if any) of `samples`, read from the sources."""
+    environments = [open_lmdb(source) for source in sources]
+    transactions = [env.begin() for env in environments]
+    try:
+        for source_number, index in samples:
+            txn = transactions[source_number]
+            meta = txn.get(meta_key(index))
+            image = txn.get(image_key(index))
+            label = read_label(txn, index)
+            yield (image, label) if meta is None else (image, label, meta)
+    finally:
+        for txn, env in zip(transactions, environments):
+            txn.abort()
+            env.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sources", nargs="+", type=Path, help="LMDB folders to pool and split")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write OUT/train and OUT/val in")
+    parser.add_argument(
+        "--val", type=parse_val, required=True, help="how many to hold out: a count (672) or a share (10%%)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="draws which samples are held out (default 0)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing OUT/train and OUT/val LMDBs")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if len(set(map(Path.resolve, args.sources))) < len(args.sources):
+        raise ValueError("an LMDB is given twice: its samples would be in both splits; give each once")
+    splits = {"train": args.out / "train", "val": args.out / "val"}
+    for path in splits.values():
+        if path.resolve() in map(Path.resolve, args.sources):
+            raise ValueError(
+                f"--out {args.out} would write over {path}, one of the LMDBs being split: give another --out"
+            )
+        check_replaceable(path, args.overwrite)
+    samples = labelled_samples(args.sources)
+    val_count = held_out_count(len(samples), *args.val)
+    shuffled = samples.copy()
+    random.Random(args.seed).shuffle(shuffled)
+    held_out = set(shuffled[:val_count])
+    chosen = {"val": [s for s in samples if s in held_out], "train": [s for s in samples if s not in held_out]}
+    for name in ("val", "train"):
+        written = write_lmdb(splits[name], copied(args.sources, chosen[name]), overwrite=args.overwrite)
+        by_source = Counter(args.sources[source_number].name for source_number, _ in chosen[name])
+        print(f"wrote {written} samples to {splits[name]} ({', '.join(f'{n} from {s}' for s, n in by_source.items())})")
+
+
+if __name__ == "__main__":
+    cli.run(main)
