@@ -117,11 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     shuffled = samples.copy()
     random.Random(args.seed).shuffle(shuffled)
     held_out = set(shuffled[:val_count])
-    chosen = {"val": [s for s in samples if s in held_out], "train": [s for s in samples if s not in held_out]}
+    chosen = {
+        "val": [sample for sample in samples if sample in held_out],
+        "train": [sample for sample in samples if sample not in held_out],
+    }
     for name in ("val", "train"):
         written = write_lmdb(splits[name], copied(args.sources, chosen[name]), overwrite=args.overwrite)
-        by_source = Counter(args.sources[source_number].name for source_number, _ in chosen[name])
-        print(f"wrote {written} samples to {splits[name]} ({', '.join(f'{n} from {s}' for s, n in by_source.items())})")
+        by_source = Counter(source_number for source_number, _ in chosen[name])
+        origins = ", ".join(f"{count} from {args.sources[number]}" for number, count in sorted(by_source.items()))
+        print(f"wrote {written} samples to {splits[name]} ({origins})")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,14 @@ def split(sources: list[Path], out: Path, *options: str) -> tuple[list, list]:
     return read_lmdb(out / "train"), read_lmdb(out / "val")
 
 
-def test_every_sample_lands_in_one_split_unchanged_in_source_order(sources, tmp_path):
+def test_every_sample_lands_in_one_split_unchanged_in_source_order(sources, tmp_path, capsys):
     paths, samples = sources
     train, val = split(paths, tmp_path / "out", "--val", "10", "--seed", "3")
+    from_first = sum(label.startswith("a") for _, label in val)
+    assert (
+        f"wrote 10 samples to {tmp_path / 'out' / 'val'} ({from_first} from {paths[0]}, {10 - from_first} from"
+        f" {paths[1]})" in capsys.readouterr().out
+    )
     assert len(val) == 10 and len(train) == 43
     by_image = {image: (label, meta) for image, label, meta in samples}
     for folder, split_samples in (("train", train), ("val", val)):
