@@ -20,6 +20,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 LEVELS = ("none", "light", "strong")  # data.augment: how likely and how strong every transform is
+MAX_PIPELINES = 512  # built pipelines kept per process (about 25 kB each)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ class Augmentation:
 
     level: str
     probabilities: dict[str, float]
+    # Pipelines by fill colour. Building one costs more than applying it (0.1 ms an image, in the loop
+    # on a 2-core CPU) and a grey image's fill is one of 256 values; the transforms draw nothing when built.
+    pipelines: dict[tuple[float, ...], v2.Compose] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, level: str, overrides: dict[str, float | None]) -> Augmentation | None:
@@ -121,10 +125,8 @@ class Augmentation:
         # Corners that geometry uncovers take the image's border colour: black corners would be a
         # shape the model never meets in real crops.
         border = torch.cat([pixels[:, 0], pixels[:, -1], pixels[:, :, 0], pixels[:, :, -1]], dim=1)
-        fill = border.median(dim=1).values.tolist()
-        pipeline = v2.Compose(
-            [step.build(step.strength_at(self.level), fill, self.probabilities[step.name]) for step in AUGMENTATIONS]
-        )
+        fill = tuple(border.median(dim=1).values.tolist())
+        pipeline = self.pipeline(fill)
         # v2 draws from torch's default CPU generator: seeded here for this sample, and given back its
         # state after, so the caller's (the main process's or a worker's) random stream is untouched.
         # (The generator's own methods: torch.manual_seed would cost a millisecond of stack capture.)
@@ -135,3 +137,16 @@ class Augmentation:
             return pipeline(pixels).clamp_(0, 1)
         finally:
             generator.set_state(state)
+
+    def pipeline(self, fill: tuple[float, ...]) -> v2.Compose:
+        """The transforms with geometry's fill colour `fill`, built on its first use (at most MAX_PIPELINES
+        kept: a colour image's fills are many)."""
+        if (pipeline := self.pipelines.get(fill)) is None:
+            if len(self.pipelines) >= MAX_PIPELINES:
+                self.pipelines.clear()
+            steps = [
+                step.build(step.strength_at(self.level), list(fill), self.probabilities[step.name])
+                for step in AUGMENTATIONS
+            ]
+            pipeline = self.pipelines[fill] = v2.Compose(steps)
+        return pipeline

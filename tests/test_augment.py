@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation
+from data.augment import AUGMENTATIONS, LEVELS, MAX_PIPELINES, PROBABILITIES, Augmentation
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
 from data.samplers import GlobalBatchSampler
@@ -88,6 +88,25 @@ def test_a_sample_s_augmentation_depends_on_its_seed_alone(synth):
     assert sum(not torch.equal(first, other) for other in others) >= 6  # most seeds draw some transform
     assert torch.equal(strong(image_bytes), plain(image_bytes))  # no seed (evaluation): no augmentation
     assert first.shape == plain(image_bytes).shape and first.min() >= -1 and first.max() <= 1
+
+
+def test_a_kept_pipeline_augments_as_a_newly_built_one_with_its_own_fill():
+    """Pipelines are kept by fill colour: an image augments the same whichever images came before it, and
+    geometry fills its uncovered corners with its own border colour, not an earlier image's."""
+    every = {name: 1.0 for name in PROBABILITIES["strong"]} | {"color": 0.0, "invert": 0.0, "noise": 0.0, "blur": 0.0}
+    images = [torch.full((1, 32, 100), value) for value in (0.0, 1.0, 0.5)]
+    for image in images:
+        image[:, 12:20, 20:80] = 1 - image[:, 12:20, 20:80]  # a "word" across the middle
+    kept = Augmentation("strong", every)
+    outputs = [kept(image.clone(), seed=3) for image in images + images]
+    for image, output, again in zip(images, outputs, outputs[3:]):
+        assert torch.equal(output, Augmentation("strong", every)(image.clone(), seed=3))
+        assert torch.equal(output, again)
+        assert output[0, [0, 0, -1, -1], [0, -1, 0, -1]].eq(image[0, 0, 0]).all()  # corners: its own border colour
+    assert len(kept.pipelines) == 3
+    for value in range(MAX_PIPELINES + 1):  # colour images have many fills: the kept pipelines are bounded
+        kept(torch.full((3, 32, 100), value / (MAX_PIPELINES + 1)), seed=value)
+    assert len(kept.pipelines) <= MAX_PIPELINES
 
 
 def test_training_samples_are_augmented_the_same_for_any_number_of_processes(synth):
