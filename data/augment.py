@@ -1,5 +1,5 @@
-"""Training-time augmentation: torchvision's transforms.v2 on each decoded, resized image, in the
-data-loader workers.
+"""Training-time augmentation: torchvision's transforms.v2 on each decoded, resized image, as the data
+loader reads it (in its workers, or in the training process with data.num_workers=0).
 
 Each transform is one entry of AUGMENTATIONS: its name (the config key `augment.<name>`), how likely it
 is at each level and how strong, and how it is built. A level (`data.augment`, one of LEVELS) sets the
