@@ -54,6 +54,11 @@ def evict_from_page_cache(lmdb_folder: Path) -> None:
         os.close(fd)
 
 
+# Loader workers per training process, as a run at this size has them on GPUs (crnn.yaml loads in the
+# training processes, for 2-core CPUs): their start-up and their memory are part of what is measured.
+LOADER_WORKERS = 2
+
+
 def train_command(nproc: int, lmdb: Path, val: Path, cache: Path, out_dir: Path, *overrides: str) -> list[str]:
     return [
         sys.executable,
@@ -68,6 +73,7 @@ def train_command(nproc: int, lmdb: Path, val: Path, cache: Path, out_dir: Path,
         f"data.val=[{val}]",
         f"data.index_cache={cache}",
         f"train.out_dir={out_dir}",
+        f"data.num_workers={LOADER_WORKERS}",
         "train.overwrite=true",
         "train.tensorboard=false",
         *overrides,
@@ -295,7 +301,9 @@ def main() -> None:
     )
     parser.add_argument("--memory-steps", type=int, nargs="+", default=[10, 1000, 5000])
     parser.add_argument("--read-batches", type=int, default=200, help="batches of 256 per reading measurement")
-    parser.add_argument("--workers", type=int, default=2, help="loader workers for the reading measurement")
+    parser.add_argument(
+        "--workers", type=int, default=LOADER_WORKERS, help="loader workers for the reading measurement"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/scale_check.json"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="scale_check."))
