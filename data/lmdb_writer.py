@@ -43,24 +43,30 @@ def write_lmdb(
     path = Path(path)
     check_replaceable(path, overwrite)
     with staged_lmdb(path) as staging:
-        env = lmdb.open(str(staging), map_size=INITIAL_MAP_SIZE, subdir=True, mode=FILE_MODE)
-        count = 0
-        pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
-        for image_bytes, label, *meta in samples:
-            count += 1
-            pending.append(
-                [
-                    (image_key(count), image_bytes),
-                    (label_key(count), label.encode("utf-8")),
-                    *((meta_key(count), value) for value in meta),
-                ]
-            )
-            if len(pending) == COMMIT_EVERY:
-                commit(env, pending)
-                pending = []
-        commit(env, pending, num_samples=count)
-        env.sync()
-        env.close()
+        return fill_lmdb(staging, samples)
+
+
+def fill_lmdb(folder: Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]]) -> int:
+    """Write `samples` as write_lmdb does into `folder`, an empty staging folder (staged_lmdb's); return
+    how many. For writers that must put several LMDBs in place together."""
+    env = lmdb.open(str(folder), map_size=INITIAL_MAP_SIZE, subdir=True, mode=FILE_MODE)
+    count = 0
+    pending: list[list[tuple[bytes, bytes]]] = []  # each sample's (key, value) pairs since the last commit
+    for image_bytes, label, *meta in samples:
+        count += 1
+        pending.append(
+            [
+                (image_key(count), image_bytes),
+                (label_key(count), label.encode("utf-8")),
+                *((meta_key(count), value) for value in meta),
+            ]
+        )
+        if len(pending) == COMMIT_EVERY:
+            commit(env, pending)
+            pending = []
+    commit(env, pending, num_samples=count)
+    env.sync()
+    env.close()
     return count
 
 

@@ -8,7 +8,8 @@ seed: the validation set that picks best.pt when you fine-tune on your own real 
 writes OUT/train and OUT/val. The samples of all the given LMDBs are pooled, shuffled once with
 `--seed` and the first `--val` of them held out (a count, or a share such as 10%); each split keeps
 the samples in the order they came. Image bytes, labels and any `meta-` keys are copied unchanged.
-The sources are opened read-only, and each split is built beside its folder and renamed into place.
+The sources are opened read-only, and both splits are built beside their folders and renamed into place
+together at the end: stopped part way, the splits that were there stay as they were.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from data.lmdb_env import first_index, highest_index, open_lmdb
 from data.lmdb_keys import LabelNotUtf8, image_key, meta_key, read_label
-from data.lmdb_writer import check_replaceable, write_lmdb
+from data.lmdb_writer import check_replaceable, fill_lmdb, staged_lmdb
 from utils import cli
 
 SampleRef = tuple[int, int]  # (which source, sample index in it)
@@ -121,11 +122,17 @@ def main(argv: list[str] | None = None) -> None:
         "val": [sample for sample in samples if sample in held_out],
         "train": [sample for sample in samples if sample not in held_out],
     }
+    # Both splits are staged and renamed into place together: written one after the other, a crash
+    # between them would leave a new val beside an old train that holds some of its samples.
+    with staged_lmdb(splits["val"]) as val_folder, staged_lmdb(splits["train"]) as train_folder:
+        written = {
+            name: fill_lmdb(folder, copied(args.sources, chosen[name]))
+            for name, folder in (("val", val_folder), ("train", train_folder))
+        }
     for name in ("val", "train"):
-        written = write_lmdb(splits[name], copied(args.sources, chosen[name]), overwrite=args.overwrite)
         by_source = Counter(source_number for source_number, _ in chosen[name])
         origins = ", ".join(f"{count} from {args.sources[number]}" for number, count in sorted(by_source.items()))
-        print(f"wrote {written} samples to {splits[name]} ({origins})")
+        print(f"wrote {written[name]} samples to {splits[name]} ({origins})")
 
 
 if __name__ == "__main__":

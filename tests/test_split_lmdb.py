@@ -135,3 +135,27 @@ def test_the_command_refuses_existing_splits_and_a_source_given_twice(sources, t
     replaced = run(*map(str, paths), "--out", str(out), "--val", "7", "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     assert len(read_lmdb(out / "val")) == 7
+
+
+def test_stopped_while_writing_train_the_splits_already_there_stay_a_matching_pair(sources, tmp_path, monkeypatch):
+    """Written one after the other, a stop while writing train left a new val beside the old train,
+    which held some of the new val's samples: the two are put in place together."""
+    paths, _ = sources
+    out = tmp_path / "out"
+    before = split(paths, out, "--val", "10")
+    real_copied = split_lmdb.copied
+    calls = []
+
+    def stopped_in_the_second_split(*args):
+        calls.append(args)
+        for number, sample in enumerate(real_copied(*args)):
+            if len(calls) == 2 and number == 3:
+                raise KeyboardInterrupt  # Ctrl-C, three samples into the second split
+            yield sample
+
+    monkeypatch.setattr(split_lmdb, "copied", stopped_in_the_second_split)
+    with pytest.raises(KeyboardInterrupt):
+        split(paths, out, "--val", "10", "--seed", "1", "--overwrite")
+    assert len(calls) == 2
+    assert (read_lmdb(out / "train"), read_lmdb(out / "val")) == before
+    assert sorted(path.name for path in out.iterdir()) == ["train", "val"]  # no staging folder left
