@@ -44,7 +44,13 @@ PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the l
 CHOICES = {"color": COLORS, "interpolation": INTERPOLATIONS, "padding": PADDINGS}  # each field's table
 # The range of each number (lowest, highest; each value of mean and std): what the model and torchvision
 # take. NaN and infinity are refused too.
-RANGES = {"height": (1, math.inf), "width": (1, math.inf), "mean": (-1e3, 1e3), "std": (1e-6, 1e3)}
+RANGES = {
+    "height": (1, math.inf),
+    "width": (1, math.inf),
+    "max_stretch": (1, math.inf),
+    "mean": (-1e3, 1e3),
+    "std": (1e-6, 1e3),
+}
 # The run config's data.* key of each field, the one mapping both ways (Preprocessing.from_config and
 # config_values). The colour is model.in_channels, through COLORS; the padding has no key (every run's
 # is replicate).
@@ -52,6 +58,7 @@ DATA_KEYS = {
     "height": "img_height",
     "width": "img_width",
     "keep_aspect": "keep_aspect",
+    "max_stretch": "max_stretch",
     "interpolation": "interpolation",
     "mean": "mean",
     "std": "std",
@@ -65,7 +72,8 @@ class PreprocessingError(ValueError):
 @dataclass(frozen=True)
 class Preprocessing:
     """How an image becomes the model's input: decode, convert to `color`, resize to `height` (and
-    `width`, or keeping the aspect ratio up to `width`), pad the right side, normalise.
+    `width`, or keeping the aspect ratio up to `width`, stretched by at most `max_stretch`), pad the
+    right side, normalise.
 
     Normalisation is torchvision's: `(pixels / 255 - mean) / std` per channel (one value: every
     channel). The default maps pixels to [-1, 1].
@@ -75,6 +83,7 @@ class Preprocessing:
     width: int
     color: str = "L"
     keep_aspect: bool = False
+    max_stretch: float = 1.0
     interpolation: str = "bilinear"
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
@@ -198,13 +207,13 @@ def wide_to_8bit(image: Image.Image) -> Image.Image:
 class ImageTransform:
     """Decode with Pillow and apply a `Preprocessing`: encoded bytes -> `[C, H, W]` float32.
 
-    With `keep_aspect`, the image is resized to `height` keeping its aspect ratio (at most `width`
-    wide) and the right side is padded by repeating the last column, so narrow words are not
-    stretched. `width_step` (evaluation) pads only up to the next multiple of it instead of to
-    `width`: images of one padded width are then batched together and a narrow word costs less.
-    `augmentation` (training only) transforms the resized image before it is normalised and padded,
-    for the calls that pass a seed. Decoding errors propagate: the dataset decides what to do with a
-    bad image.
+    With `keep_aspect`, the image is resized to `height` keeping its aspect ratio, then widened by up to
+    `max_stretch` times (at most `width` wide), and the right side is padded by repeating the last
+    column, so narrow words are not stretched (or only so far). `width_step` (evaluation) pads only up
+    to the next multiple of it instead of to `width`: images of one padded width are then batched
+    together and a narrow word costs less. `augmentation` (training only) transforms the resized image
+    before it is normalised and padded, for the calls that pass a seed. Decoding errors propagate: the
+    dataset decides what to do with a bad image.
     """
 
     def __init__(
@@ -213,6 +222,7 @@ class ImageTransform:
         self.preprocessing = preprocessing
         self.augmentation = augmentation
         self.height, self.width, self.keep_aspect = preprocessing.height, preprocessing.width, preprocessing.keep_aspect
+        self.max_stretch = preprocessing.max_stretch
         self.width_step = width_step
         self.mode = preprocessing.color
         self.resample = INTERPOLATIONS[preprocessing.interpolation]
@@ -229,7 +239,7 @@ class ImageTransform:
         """The width an image of `width x height` pixels is resized to, before padding."""
         if not self.keep_aspect:
             return self.width
-        return min(self.width, max(1, round(width * self.height / max(height, 1))))
+        return min(self.width, max(1, round(self.max_stretch * width * self.height / max(height, 1))))
 
     def padded_width(self, width: int, height: int) -> int:
         """The width of this transform's output for an image of `width x height` pixels."""

@@ -50,7 +50,8 @@ class LongCropTransform:
         self.split_ratio = self.split_width / preprocessing.height  # 6 (:1) for 32 x 128
         # The same decoding, filter and normalisation, resized to the height alone and never padded.
         self.aspect_kept = ImageTransform(
-            dataclasses.replace(preprocessing, keep_aspect=True, width=LONGEST * preprocessing.width), width_step=1
+            dataclasses.replace(preprocessing, keep_aspect=True, max_stretch=1.0, width=LONGEST * preprocessing.width),
+            width_step=1,
         )
 
     def is_long(self, width: int, height: int) -> bool:

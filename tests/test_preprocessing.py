@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from data.transforms import ImageTransform, Preprocessing, PreprocessingError
 from tests.conftest import REPO, read_lmdb, run_env, write_images
@@ -29,6 +30,7 @@ RECORD = {
     "width": 100,
     "color": "L",
     "keep_aspect": False,
+    "max_stretch": 2.5,
     "interpolation": "nearest",
     "mean": [0.3],
     "std": [0.2],
@@ -72,6 +74,7 @@ def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
             "data.mean=[0.4]",
             "data.std=[0.25]",
             "data.keep_aspect=true",
+            "data.max_stretch=3",
         ],
         cwd=REPO,
         env=run_env(),
@@ -86,6 +89,7 @@ def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
             "width": load_config("crnn.yaml", []).data.img_width,
             "color": "L",
             "keep_aspect": True,
+            "max_stretch": 3.0,
             "interpolation": "bicubic",
             "mean": [0.4],
             "std": [0.25],
@@ -161,6 +165,24 @@ def test_a_checkpoint_from_before_the_record_gets_the_constants_of_its_time():
     assert preprocessing.to_dict() == {"height": 32, "width": 128, "color": "RGB", "keep_aspect": True, **LEGACY}
 
 
+def test_a_kept_aspect_ratio_is_stretched_up_to_max_stretch_and_a_record_without_it_stretches_nothing():
+    # (width, height) of a crop -> the width it is resized to at height 32, before padding to 128
+    crops = {(27, 32): (27, 54), (40, 32): (40, 80), (60, 32): (60, 120), (200, 32): (128, 128), (16, 64): (8, 16)}
+    for max_stretch, column in ((1.0, 0), (2.0, 1)):
+        transform = ImageTransform(Preprocessing(32, 128, keep_aspect=True, max_stretch=max_stretch))
+        assert {crop: transform.resized_width(*crop) for crop in crops} == {
+            crop: widths[column] for crop, widths in crops.items()
+        }
+        image = Image.new("L", (27, 32), 0)
+        image.paste(255, (0, 0, 5, 32))  # a white bar on the left: its width says how far it was stretched
+        row = transform.to_tensor(image)[0, 16]
+        assert row.shape == (128,) and int((row > 0).sum()) == round(5 * max_stretch)
+    stretched = ImageTransform(Preprocessing(32, 128, max_stretch=2.0))  # without keep_aspect: always to the width
+    assert stretched.resized_width(27, 32) == 128
+    before = {key: value for key, value in RECORD.items() if key != "max_stretch"}
+    assert Preprocessing.from_dict({**before, "keep_aspect": True}, "old.pt").max_stretch == 1.0
+
+
 def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_file():
     with pytest.raises(
         PreprocessingError, match=r"fork\.pt: its preprocessing has steps this version cannot " r"apply: \['deskew'\]"
@@ -176,6 +198,7 @@ def test_a_record_with_a_step_this_version_cannot_apply_is_an_error_naming_the_f
 def test_a_record_is_checked_against_the_ranges_the_config_keys_have():
     for change, message in (
         ({"height": 0}, r"height=0: must be at least 1"),
+        ({"max_stretch": 0.5}, r"max_stretch=0.5: must be at least 1"),
         ({"std": [0.0]}, r"std\[0\]=0.0: must be from 1e-06 to 1000"),
         ({"mean": [0.5, 0.5]}, r"mean=\[0.5, 0.5\]: give 1 value, or one per channel \(1\)"),
     ):
@@ -192,6 +215,7 @@ def test_config_values_are_the_keys_from_config_reads_back():
         "img_height": 32,
         "img_width": 100,
         "keep_aspect": True,
+        "max_stretch": 2.5,
         "interpolation": "nearest",
         "mean": [0.4, 0.5, 0.6],
         "std": [0.2],
@@ -206,8 +230,6 @@ def test_config_values_are_the_keys_from_config_reads_back():
 def test_normalisation_maps_pixels_as_torchvision_does_and_back():
     image = Preprocessing(4, 6, "RGB", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     transform = ImageTransform(image)
-    from PIL import Image
-
     pixels = Image.new("RGB", (6, 4), (255, 128, 0))
     tensor = transform.to_tensor(pixels)
     expected = (torch.tensor([255, 128, 0]) / 255 - torch.tensor(image.mean)) / torch.tensor(image.std)

@@ -39,7 +39,7 @@ from utils.atomic_write import write_atomically
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.
-LEGACY = {"interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
+LEGACY = {"max_stretch": 1.0, "interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 

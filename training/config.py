@@ -93,6 +93,9 @@ class DataConfig:
     img_height: int = bound_to("model", 32)
     img_width: int = 100
     keep_aspect: bool = False  # resize to the height, keep the aspect ratio, pad the right side
+    # With keep_aspect, widen a crop narrower than img_width by up to this factor before padding (1: its
+    # aspect ratio kept). A single letter stretched to 128 px is a blob; padded whole, a word has few frames.
+    max_stretch: float = 1.0
     # The resize filter: one of data/transforms.py's INTERPOLATIONS (Pillow's, and cv2.resize's opencv_linear).
     interpolation: str = "bilinear"
     # Normalisation, torchvision's (pixels / 255 - mean) / std: one value for every channel or one per
