@@ -112,17 +112,17 @@ def checkpoint(tiny_run) -> Path:
 
 
 def readings(checkpoint: Path, samples: list[tuple[bytes, str]]) -> list[str]:
-    """The model's reading of each image, computed here the way scripts/eval.py computes it."""
-    model, codec, _, preprocessing = load_model(checkpoint)
-    transform = ImageTransform(preprocessing)
+    """The model's reading of each image, computed here the way scripts/eval.py computes it: each image
+    padded to its own width (a multiple of data.eval_width_step where the model keeps the aspect ratio)."""
+    model, codec, config, preprocessing = load_model(checkpoint)
+    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the eval.sh processes, and leaving the other core to them
     try:
         with torch.inference_mode():
-            logits = model(torch.stack([transform(image) for image, _ in samples]))  # [B, T, C]
+            return [codec.decode(model(transform(image)[None]))[0].text for image, _ in samples]
     finally:
         torch.set_num_threads(threads)
-    return [reading.text for reading in codec.decode(logits)]
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,10 @@ def checkpoint(tiny_run) -> Path:
 
 @torch.inference_mode()
 def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
-    """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows."""
-    model, codec, _, preprocessing = load_model(checkpoint, "cpu")
-    transform = ImageTransform(preprocessing)
+    """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows:
+    padded as predict.py pads it (to a multiple of data.eval_width_step where the model keeps the aspect ratio)."""
+    model, codec, config, preprocessing = load_model(checkpoint, "cpu")
+    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     readings = [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
     return [(reading.text, reading.confidence) for reading in readings]
 

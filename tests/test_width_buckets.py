@@ -111,8 +111,8 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
     assert dumps[0] == dumps[1] and tables[0] == tables[1]
 
     # Each image alone, at its own padded width, reads as it did inside its batch.
-    model, codec, config, _ = load_model(keep_aspect_checkpoint)
-    transform = ImageTransform(Preprocessing(32, 100, keep_aspect=True), width_step=config.data.eval_width_step)
+    model, codec, config, preprocessing = load_model(keep_aspect_checkpoint)
+    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
     samples = read_lmdb(synth / "val")
     predictions = {int(line.split("\t")[1]): line.split("\t")[3] for line in dumps[0][1:]}
     threads = torch.get_num_threads()
