@@ -285,6 +285,11 @@ def easyocr_problems(model: ModelConfig, preprocessing: Preprocessing) -> list[s
         problems.append(
             "the model was trained on stretched images (data.keep_aspect: false); EasyOCR keeps the " "aspect ratio"
         )
+    elif preprocessing.max_stretch != 1:
+        problems.append(
+            f"the model was trained on narrow crops stretched up to {preprocessing.max_stretch:g}x"
+            " (data.max_stretch); EasyOCR keeps the aspect ratio: train with data.max_stretch: 1"
+        )
     if list(preprocessing.mean) != [0.5] or list(preprocessing.std) != [0.5]:
         problems.append(
             f"normalisation mean {list(preprocessing.mean)}, std {list(preprocessing.std)}; EasyOCR's is" " 0.5 and 0.5"

@@ -403,6 +403,7 @@ def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_p
         timeout=300,
     )
     assert refused.returncode != 0 and "model.arch: dtrb_vgg" in refused.stderr
+    assert "stretched up to 2x (data.max_stretch)" in refused.stderr  # crnn.yaml's crops, EasyOCR's are not
     assert not (tmp_path / "crnn_handed").exists()
     clash = subprocess.run(
         [
