@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from data.lmdb_writer import write_lmdb
-from data.transforms import ImageTransform
+from data.transforms import build_transform
 from evaluation.metrics import compared_form, new_counts, summarize, update_counts
 from evaluation.visualize import COLUMNS, IMAGE_BOX, LINE_HEIGHT, PAD
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
@@ -115,7 +115,7 @@ def readings(checkpoint: Path, samples: list[tuple[bytes, str]]) -> list[str]:
     """The model's reading of each image, computed here the way scripts/eval.py computes it: each image
     padded to its own width (a multiple of data.eval_width_step where the model keeps the aspect ratio)."""
     model, codec, config, preprocessing = load_model(checkpoint)
-    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
+    transform = build_transform(config, preprocessing)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the eval.sh processes, and leaving the other core to them
     try:

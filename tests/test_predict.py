@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.transforms import ImageTransform
+from data.transforms import build_transform
 from tests.conftest import REPO, run_env, write_images
 from training.checkpoint import load_model
 
@@ -44,10 +44,10 @@ def checkpoint(tiny_run) -> Path:
 
 @torch.inference_mode()
 def reference(checkpoint: Path, paths: list[str]) -> list[tuple[str, float]]:
-    """What load_model + ImageTransform + codec.decode give for each image alone, as the README shows:
+    """What load_model + build_transform + codec.decode give for each image alone, as the README shows:
     padded as predict.py pads it (to a multiple of data.eval_width_step where the model keeps the aspect ratio)."""
     model, codec, config, preprocessing = load_model(checkpoint, "cpu")
-    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
+    transform = build_transform(config, preprocessing)
     readings = [codec.decode(model(transform(Path(path).read_bytes())[None]))[0] for path in paths]
     return [(reading.text, reading.confidence) for reading in readings]
 

@@ -16,7 +16,7 @@ from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
 from data.loaders import build_eval_loader
 from data.samplers import width_batches
-from data.transforms import ImageTransform, Preprocessing, image_size
+from data.transforms import ImageTransform, Preprocessing, build_transform, image_size
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from utils.distributed import DistEnv
@@ -112,7 +112,7 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
 
     # Each image alone, at its own padded width, reads as it did inside its batch.
     model, codec, config, preprocessing = load_model(keep_aspect_checkpoint)
-    transform = ImageTransform(preprocessing, width_step=config.data.eval_width_step)
+    transform = build_transform(config, preprocessing)
     samples = read_lmdb(synth / "val")
     predictions = {int(line.split("\t")[1]): line.split("\t")[3] for line in dumps[0][1:]}
     threads = torch.get_num_threads()
