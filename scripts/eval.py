@@ -43,6 +43,7 @@ from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
+from evaluation.prediction_dump import DUMP_COLUMNS
 from evaluation.visualize import caption_grid
 from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
@@ -83,7 +84,6 @@ MODE_HELP = {
     "ignore_case_symbols": "case-insensitive alphanumeric, the benchmark protocol for 36-class models"
     " (symbols the alphabet holds are compared too)",
 }
-DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct", "char_probs")
 COVERAGES = (0.5, 0.8, 0.95)  # the most confident shares of the readings whose accuracy is printed
 
 

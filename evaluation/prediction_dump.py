@@ -1,0 +1,44 @@
+"""The file `eval.sh --dump` writes: one TSV line per evaluated sample (docs/evaluation.md), and its reader."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct", "char_probs")
+# What a reading of the file needs: which sample, its label, and whether it was read right.
+READ_COLUMNS = ("set", "index", "label", "correct")
+
+Scored = dict[str, dict[int, tuple[str, bool | None]]]  # set -> LMDB index -> (label, correct or None)
+
+
+def read_dump(path: Path) -> Scored:
+    """Every sample of a `--dump` file by set (in file order) and LMDB index: its label and whether it was
+    read right (None: the metric mode left it out)."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file; write one with scripts/eval.sh CHECKPOINT LMDB ... --dump {path}")
+    scored: Scored = {}
+    with path.open(newline="", encoding="utf-8") as file:
+        rows = csv.reader(file, delimiter="\t")
+        header = next(rows, [])
+        missing = [column for column in READ_COLUMNS if column not in header]
+        if missing:
+            raise ValueError(
+                f"{path}: not a file of eval.sh --dump (its first line has no {', '.join(missing)} column); "
+                f"write one with scripts/eval.sh CHECKPOINT LMDB ... --dump {path}"
+            )
+        where = {column: header.index(column) for column in READ_COLUMNS}
+        for line, row in enumerate(rows, start=2):
+            if len(row) != len(header):
+                raise ValueError(f"{path}, line {line}: {len(row)} fields where the header has {len(header)}")
+            name, index, label, correct = (row[where[column]] for column in READ_COLUMNS)
+            if not index.isdigit() or correct not in ("", "0", "1"):
+                raise ValueError(
+                    f"{path}, line {line}: index {index!r} and correct {correct!r} should be a whole number and "
+                    "1, 0 or empty; the file is not as eval.sh --dump writes it"
+                )
+            samples = scored.setdefault(name, {})
+            if int(index) in samples:
+                raise ValueError(f"{path}, line {line}: set {name} index {index} is in the file twice")
+            samples[int(index)] = (label, None if correct == "" else correct == "1")
+    return scored
