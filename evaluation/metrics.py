@@ -64,6 +64,12 @@ def compared_form(text: str, mode: str, alphabet: str = "") -> str:
     return "".join(char for char in text if char.isalnum() or char in kept)
 
 
+def is_correct(prediction: str, label: str, mode: str, alphabet: str) -> bool | None:
+    """Whether `prediction` reads `label` under `mode`; None when `mode` leaves the sample out (empty label)."""
+    truth = compared_form(label, mode, alphabet)
+    return compared_form(prediction, mode, alphabet) == truth if truth else None
+
+
 @lru_cache(maxsize=4)
 def alphabet_characters(alphabet: str) -> frozenset[str]:
     # Cached: built once, not once per sample, for alphabets of thousands of characters.

@@ -1,15 +1,41 @@
-"""The file `eval.sh --dump` writes: one TSV line per evaluated sample (docs/evaluation.md), and its reader."""
+"""The file `eval.sh --dump` writes, one TSV line per evaluated sample (docs/evaluation.md): its writer, its reader."""
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
+
+from evaluation.metrics import is_correct
+from utils.atomic_write import write_text_atomically
 
 DUMP_COLUMNS = ("set", "index", "label", "prediction", "confidence", "correct", "char_probs")
 # What a reading of the file needs: which sample, its label, and whether it was read right.
 READ_COLUMNS = ("set", "index", "label", "correct")
 
 Scored = dict[str, dict[int, tuple[str, bool | None]]]  # set -> LMDB index -> (label, correct or None)
+
+
+def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str) -> None:
+    """One TSV line per evaluated sample, in set and LMDB-index order; `correct` under `mode`."""
+    table = io.StringIO()
+    writer = csv.writer(table, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
+    writer.writerow(DUMP_COLUMNS)
+    for row, records in zip(sets, predictions):
+        for index, label, reading in records:
+            correct = is_correct(reading.text, label, mode, alphabet)
+            writer.writerow(
+                [
+                    row["name"],
+                    index,
+                    label,
+                    reading.text,
+                    f"{reading.confidence:.4f}",
+                    "" if correct is None else int(correct),
+                    " ".join(f"{prob:.4f}" for prob in reading.char_probs),
+                ]
+            )
+    write_text_atomically(path, table.getvalue())
 
 
 def read_dump(path: Path) -> Scored:

@@ -19,7 +19,6 @@ says how far the word confidence can be trusted to pick the readings worth keepi
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import itertools
 import json
@@ -42,8 +41,8 @@ from data.transforms import ImageTransform, build_transform, decode_image
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
-from evaluation.metrics import COUNT_KEYS, METRIC_MODES, compared_form, new_counts, summarize
-from evaluation.prediction_dump import DUMP_COLUMNS
+from evaluation.metrics import COUNT_KEYS, METRIC_MODES, is_correct, new_counts, summarize
+from evaluation.prediction_dump import write_dump
 from evaluation.visualize import caption_grid
 from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
@@ -317,34 +316,6 @@ def accuracy_by_confidence(scored: list[tuple[float, bool]]) -> dict[str, float]
         kept = ranked[: max(1, round(coverage * len(ranked)))]
         shares[f"{round(100 * coverage)}%"] = sum(correct for _, correct in kept) / len(kept) if ranked else 0.0
     return shares
-
-
-def is_correct(prediction: str, label: str, mode: str, alphabet: str) -> bool | None:
-    """Whether `prediction` reads `label` under `mode`; None when `mode` leaves the sample out (empty label)."""
-    truth = compared_form(label, mode, alphabet)
-    return compared_form(prediction, mode, alphabet) == truth if truth else None
-
-
-def write_dump(path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str) -> None:
-    """One TSV line per evaluated sample, in set and LMDB-index order; `correct` under `mode`."""
-    table = io.StringIO()
-    writer = csv.writer(table, delimiter="\t", lineterminator="\n")  # fields holding tabs or quotes get quoted
-    writer.writerow(DUMP_COLUMNS)
-    for row, records in zip(sets, predictions):
-        for index, label, reading in records:
-            correct = is_correct(reading.text, label, mode, alphabet)
-            writer.writerow(
-                [
-                    row["name"],
-                    index,
-                    label,
-                    reading.text,
-                    f"{reading.confidence:.4f}",
-                    "" if correct is None else int(correct),
-                    " ".join(f"{prob:.4f}" for prob in reading.char_probs),
-                ]
-            )
-    write_text_atomically(path, table.getvalue())
 
 
 def draw_errors(
