@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from evaluation.paired import PairedComparison, compare_paired
-from evaluation.prediction_dump import Scored, read_dump
+from evaluation.prediction_dump import Dump, Scored, read_dump
 from utils import cli
 from utils.atomic_write import write_text_atomically
 
@@ -32,6 +32,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("second", type=Path, help="the --dump file of the other model: differences are second - first")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the comparison here as JSON")
     return parser.parse_args(argv)
+
+
+def check_same_mode(first: Dump, second: Dump, names: tuple[str, str]) -> None:
+    """`correct` means one thing in both files only under one --metric-mode (a file written before the mode
+    was recorded passes)."""
+    if None not in (first.metric_mode, second.metric_mode) and first.metric_mode != second.metric_mode:
+        raise ValueError(
+            f"{names[0]} was scored under --metric-mode {first.metric_mode} and {names[1]} under "
+            f"{second.metric_mode}: dump both models under the same mode"
+        )
 
 
 def paired_readings(first: Scored, second: Scored, names: tuple[str, str]) -> dict[str, tuple[list[bool], list[bool]]]:
@@ -117,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.json is not None and args.json.suffix.lower() != ".json":
         raise ValueError(f"--json {args.json}: the comparison is written as JSON; give a path ending in .json")
-    paired = paired_readings(read_dump(args.first), read_dump(args.second), (str(args.first), str(args.second)))
+    first, second = read_dump(args.first), read_dump(args.second)
+    check_same_mode(first, second, (str(args.first), str(args.second)))
+    paired = paired_readings(first.scored, second.scored, (str(args.first), str(args.second)))
     comparisons = {name: compare_paired(*readings) for name, readings in paired.items()}
     if len(comparisons) > 1:
         comparisons[ALL] = compare_paired(

@@ -169,3 +169,19 @@ def test_files_that_do_not_hold_the_same_samples_are_refused(dump, tmp_path):
     refused(tmp_path / "absent.tsv", "absent.tsv: no such file; write one with scripts/eval.sh")
     result = compare(dump, dump, "--json", tmp_path / "out.txt")
     assert result.returncode == 1 and "give a path ending in .json" in result.stderr
+
+
+def test_files_scored_under_different_metric_modes_are_refused(dump, tmp_path):
+    """`correct` means what the file's --metric-mode made it mean: two modes compare nothing."""
+    rows = read_rows(dump)
+    assert {row["metric_mode"] for row in rows} == {"benchmark"}  # eval.sh's default, on every line
+    exact = write_rows(tmp_path / "exact.tsv", [{**row, "metric_mode": "exact"} for row in rows])
+    result = compare(dump, exact)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{dump} was scored under --metric-mode benchmark and {exact} under exact" in result.stderr
+    mixed = write_rows(tmp_path / "mixed.tsv", [rows[0], {**rows[1], "metric_mode": "exact"}, *rows[2:]])
+    result = compare(dump, mixed)
+    assert result.returncode == 1 and "line 3: metric modes benchmark and exact in one file" in result.stderr
+    # A file written before the mode was recorded has no such column: compared as it is.
+    unrecorded = write_rows(tmp_path / "unrecorded.tsv", rows, DUMP_COLUMNS[:-1])
+    assert compare(dump, unrecorded).returncode == 0

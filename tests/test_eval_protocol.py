@@ -206,7 +206,8 @@ def test_benchmarks_get_their_names_and_order_and_counts(results):
 @pytest.mark.slow
 def test_dump_has_every_sample_once_and_agrees_with_the_metrics(results):
     rows = results[1]["rows"]
-    assert list(rows[0]) == ["set", "index", "label", "prediction", "confidence", "correct", "char_probs"]
+    columns = ["set", "index", "label", "prediction", "confidence", "correct", "char_probs", "metric_mode"]
+    assert list(rows[0]) == columns
     keys = [(row["set"], int(row["index"])) for row in rows]
     expected = (
         [("IIIT5k_3000", i) for i in range(1, 17)]
@@ -219,7 +220,7 @@ def test_dump_has_every_sample_once_and_agrees_with_the_metrics(results):
         same = compared_form(row["prediction"], "benchmark", ALPHABET) == compared_form(
             row["label"], "benchmark", ALPHABET
         )
-        assert row["correct"] == str(int(same))
+        assert row["correct"] == str(int(same)) and row["metric_mode"] == "benchmark"
         probs = [float(prob) for prob in row["char_probs"].split()]
         assert len(probs) == len(row["prediction"])
         expected = math.prod(probs) ** (2 / math.sqrt(len(probs))) if probs else 0.0
