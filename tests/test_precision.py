@@ -52,6 +52,31 @@ def test_auto_takes_whichever_precision_the_measurement_favours(two_candidates, 
     assert calls
 
 
+def test_another_cpu_generation_of_the_same_name_is_measured_anew(two_candidates, monkeypatch):
+    """Two AMD EPYC generations share their model name (and may share flags): a cache folder shared by a
+    cluster's nodes must not hand one generation's choice to the other."""
+    calls = []
+
+    def time_step(precision: str) -> float:
+        calls.append(precision)
+        return 0.010
+
+    def cpu(family: str) -> str:
+        return f"processor\t: 0\ncpu family\t: {family}\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: avx2\n"
+
+    monkeypatch.setattr(utils.precision, "cpu_info", lambda: cpu("25"))
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    assert calls
+    calls.clear()
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    assert calls == []  # the same CPU: cached
+    monkeypatch.setattr(utils.precision, "cpu_info", lambda: cpu("26"))
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    assert calls  # another generation: measured
+    keys = list(json.loads(two_candidates.read_text()))
+    assert len(keys) == 2 and "AMD EPYC family 25 model 2" in keys[0] and "family 26" in keys[1]
+
+
 def test_a_candidate_twice_as_slow_is_not_timed_to_the_end(two_candidates):
     calls = []
 

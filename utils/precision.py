@@ -143,11 +143,15 @@ def read_choices(path: Path) -> dict[str, dict]:
 
 
 def cache_key(device: torch.device, shape: str) -> str:
-    """What makes a measurement valid: the CPU (model name and flags), torch, the threads, the step."""
-    cpu = next(
-        (line.partition(":")[2].strip() for line in cpu_info().splitlines() if line.startswith("model name")),
-        platform.processor(),
-    )
+    """What makes a measurement valid: the CPU (model name, family and model, flags), torch, the threads, the
+    step. The family counts: two generations of AMD EPYC both call themselves "AMD EPYC" and may list the same
+    flags (a cache folder shared by the nodes of a cluster sees both)."""
+    fields = {}
+    for line in cpu_info().splitlines():
+        field, _, value = line.partition(":")
+        fields.setdefault(field.strip(), value.strip())
+    name = fields.get("model name") or platform.processor()
+    cpu = f"{name} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
     flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
     threads = torch.get_num_threads()
     return f"{device.type} | {cpu} | flags {flags} | torch {torch.__version__} | threads {threads} | {shape}"
