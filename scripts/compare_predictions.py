@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None and args.json.suffix.lower() != ".json":
         raise ValueError(f"--json {args.json}: the comparison is written as JSON; give a path ending in .json")
     first, second = read_dump(args.first), read_dump(args.second)
-    check_same_mode(first, second, (str(args.first), str(args.second)))
-    paired = paired_readings(first.scored, second.scored, (str(args.first), str(args.second)))
+    names = (str(args.first), str(args.second))
+    check_same_mode(first, second, names)
+    paired = paired_readings(first.scored, second.scored, names)
     comparisons = {name: compare_paired(*readings) for name, readings in paired.items()}
     if len(comparisons) > 1:
         comparisons[ALL] = compare_paired(
