@@ -23,6 +23,19 @@ def test_explicit_precisions_are_taken_as_given():
     assert "fp32" in candidate_precisions(torch.device("cpu"))
 
 
+def test_auto_with_one_candidate_says_which_and_why_without_timing(monkeypatch):
+    """A CPU without bf16 in oneDNN (AVX2 only), or a GPU: nothing to measure, and the log still names the
+    choice, as it does where two candidates were timed."""
+    monkeypatch.setattr(utils.precision, "candidate_precisions", lambda device: ("fp32",))
+    lines = []
+
+    def time_step(precision: str) -> float:
+        raise AssertionError("one candidate is not timed")
+
+    assert resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lines.append) == "fp32"
+    assert lines == ["precision auto: fp32 (the one candidate: oneDNN computes no bf16 on this CPU)"]
+
+
 @pytest.fixture
 def two_candidates(monkeypatch, tmp_path):
     """A CPU where both precisions can run, with a cache of its own."""

@@ -82,7 +82,13 @@ def resolve_precision(
         return precision
     candidates = candidate_precisions(device)
     if len(candidates) == 1:
-        return candidates[0]
+        [choice] = candidates
+        if device.type != "cuda":
+            reason = "oneDNN computes no bf16 on this CPU"
+        else:
+            reason = "this GPU computes bf16" if choice == "bf16" else "this GPU has no bf16"
+        log(f"precision auto: {choice} (the one candidate: {reason})")
+        return choice
     if time_step is None:
         raise ValueError(f"precision auto on {device.type} chooses by timing a step: give time_step")
     cache, key = choice_cache(), cache_key(device, shape)
