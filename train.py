@@ -37,7 +37,7 @@ from models.losses import ctc_losses
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
 from training.log_window import LogWindow
-from training.optim import build_optimizer
+from training.optim import build_optimizer, fit_schedule
 from training.run import Run
 from training.run_folder import (
     RunFolderLock,
@@ -56,6 +56,7 @@ from training.run_folder import (
 from training.run_log import RunLog
 from training.setup import Setup, model_and_frames, open_datasets, training_precision
 from training.state import TrainState
+from training.time_budget import TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, steps_that_fit
 from training.weight_average import WeightAverage
 from utils import cli
 from utils.distributed import (
@@ -98,7 +99,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
         log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
         setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
-        run = Run(config=config, env=env, setup=setup, state=TrainState(window=LogWindow(env.device)))
+        state = TrainState(window=LogWindow(env.device), end=config.train.max_steps)
+        run = Run(config=config, env=env, setup=setup, state=state)
         if resume_from:
             resume(run, log, *resume_from)
         elif config.train.init_from:
@@ -148,11 +150,13 @@ def take_run_folder(config: Config, env: DistEnv, log: RunLog) -> RunFolderLock 
 
 
 def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: RunLog, stop: StopSignal) -> None:
-    """Steps until train.max_steps: log, validate and save on their schedules; stop at a signal."""
+    """Steps until train.max_steps, or the step train.max_minutes plans: log, validate and save on their
+    schedules; stop at a signal."""
     train, setup, state = run.config.train, run.setup, run.state
     model.train()
-    log.start_progress(total=train.max_steps, initial=state.step)
-    setup.sampler.set_steps(state.step, train.max_steps)  # the batches depend on the step alone
+    log.start_progress(total=state.end, initial=state.step)
+    setup.sampler.set_steps(state.step, state.end)  # the batches depend on the step alone
+    clock = StepClock(state.step) if plans_its_end(run) else None
     for batch in setup.loader:
         loss, infinite, taken = train_step(
             model,
@@ -169,7 +173,11 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
         state.step += 1
         state.window.add(loss if taken else None, infinite, batch.num_dropped, len(batch.labels))
         check_skipped(run, taken, log)
-        last = state.step == train.max_steps
+        if clock is not None:
+            clock.tick(state.step)
+            if state.step == clock.plan_at:
+                plan_the_end(run, clock, log)
+        last = state.step == state.end
         if state.step % train.log_every == 0 or last:
             log_training(run, log)
         else:
@@ -183,6 +191,43 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
             state.window.restart_clock()
             if signum:
                 raise StopRequested(signum, state.step, str(saved))
+        if last:  # the sampler may hold more batches: train.max_minutes planned fewer steps
+            break
+
+
+def plans_its_end(run: Run) -> bool:
+    """Whether this run times its steps to plan its end: train.max_minutes set, no plan kept from a
+    checkpoint, and more steps to go than the timing takes."""
+    state = run.state
+    return (
+        run.config.train.max_minutes is not None
+        and state.plan is None
+        and state.end - state.step > UNTIMED_STEPS + TIMED_STEPS
+    )
+
+
+def plan_the_end(run: Run, clock: StepClock, log: RunLog) -> None:
+    """train.max_minutes: the step this run ends at, from the pace of the steps `clock` timed, with the
+    schedule refitted to it (training/time_budget.py). Rank 0's plan is every rank's."""
+    config, setup, state = run.config, run.setup, run.state
+    validation_images = sum(len(dataset) for dataset in setup.val_sets)
+    pace = Pace.measured(clock.seconds_per_step(), config.train.batch_size, validation_images, config.train.eval_every)
+    end = steps_that_fit(pace, clock.seconds_left(config.train.max_minutes), state.step, config.train.max_steps)
+    end = broadcast_object(end, group=run.env.cpu_group)
+    state.plan, state.end = Plan(config.train.max_minutes, config.train.max_steps, end), end
+    fit_schedule(setup.scheduler, config.optim, end)
+    log.set_total(end)
+    steps = config.train.max_steps - state.step
+    verdict = (
+        f"they fit: the run ends at step {end}"
+        if end == config.train.max_steps
+        else f"the run ends at step {end} instead, its learning-rate schedule fitted to end there"
+    )
+    log.info(
+        f"train.max_minutes={config.train.max_minutes:g}: {pace.seconds_per_step:.3f} s a step here, so the "
+        f"{steps} steps to train.max_steps={config.train.max_steps} would take ~{pace.seconds_for(steps) / 60:.1f} "
+        f"more minutes; {verdict}"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -433,9 +478,16 @@ def describe_run(run: Run, log: RunLog) -> None:
     log.info(
         f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
         f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
-        f"{config.train.max_steps} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
+        f"{run.state.end} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
         f"steps per epoch"
     )
+    if run.state.plan is not None:
+        log.info(f"train.max_minutes={config.train.max_minutes:g}: the run ends at step {run.state.end}, as planned")
+    elif plans_its_end(run):
+        log.info(
+            f"train.max_minutes={config.train.max_minutes:g}: the steps that fit are planned from the pace of "
+            f"{TIMED_STEPS} steps, after the first {UNTIMED_STEPS}"
+        )
     for warning in config_warnings(config):
         log.info(f"warning: {warning}")
 
@@ -465,7 +517,7 @@ def log_training(run: Run, log: RunLog) -> None:
     record = {
         "step": step,
         "epoch": step // setup.sampler.batches_per_epoch,
-        "lr": setup.scheduler.get_last_lr()[0],
+        "lr": setup.optimizer.param_groups[0]["lr"],  # the next step's, refitted schedules included
         **state.window.record(env.world_size),
         "drawn": dict(zip(config.data.train, drawn)),
     }

@@ -274,6 +274,8 @@ def test_the_log_keeps_every_readable_line_before_the_resume_step(tmp_path):
         ("model.channels=[32,64,0,128,256,256,256]", r"model.channels\[2\]=0: must be at least 1"),
         ("train.seed=-1", r"train.seed=-1: must be from 0 to 4.29497e\+09"),
         ("train.threads=-2", r"train.threads=-2: must be at least 0"),
+        ("train.max_minutes=0", r"train.max_minutes=0.0: must be at least 0.001"),
+        ("train.max_minutes=.nan", r"train.max_minutes=nan: must be a finite number, at least 0.001"),
         ("data.std=[.nan]", r"data.std\[0\]=nan: must be a finite number, from 1e-06 to 1000"),
         ("data.train_ratios=[-1]", r"data.train_ratios\[0\]=-1.0: must be at least 0"),
     ],

@@ -16,6 +16,7 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     imported_from   only in a checkpoint scripts/import_weights.py made: the source's format and file name
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
+    plan            train.max_minutes's plan (training/time_budget.py's Plan as a dict), or None
     raw_model, average_updates   with optim.ema_decay > 0: the weights the optimizer steps, and how
                     many steps the average has taken in
 """

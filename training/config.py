@@ -148,6 +148,10 @@ class OptimConfig:
 class TrainConfig:
     batch_size: int = 32  # global: across all processes; each takes batch_size / world_size
     max_steps: int = resumable(1000)  # optimizer steps
+    # Minutes the training loop may take on this machine: fewer steps than max_steps when they would not fit,
+    # the learning-rate schedule fitted to them, planned from the pace of the first steps
+    # (training/time_budget.py); null: max_steps, however long they take
+    max_minutes: float | None = resumable(None)
     eval_every: int = resumable(250)
     log_every: int = resumable(50)
     eval_batch_size: int = resumable(128)  # global, like batch_size
@@ -616,6 +620,8 @@ def check_ranges(config: Config) -> None:
         "optim.grad_clip": (optim.grad_clip, 0, math.inf),
         "optim.ema_decay": (optim.ema_decay, 0, math.inf),
     }
+    if train.max_minutes is not None:  # null: no limit
+        ranges["train.max_minutes"] = (train.max_minutes, 1e-3, math.inf)
     ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
     ranges.update(
         {

@@ -50,13 +50,31 @@ def build_optimizer(
     """The run's optimizer over `model`'s parameters, and its learning rate: a linear warm-up over
     optim.warmup_steps, then the schedule over the rest of the `max_steps` (train.max_steps)."""
     optimizer = OPTIMIZERS[optim.name](model.parameters(), optim)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(optim, max_steps))
+
+
+def lr_factor(optim: OptimSection, max_steps: int) -> Callable[[int], float]:
+    """The factor of optim.lr at each step of a run that ends at `max_steps`."""
     schedule = SCHEDULES[optim.schedule]
 
-    def lr_factor(step: int) -> float:
+    def factor(step: int) -> float:
         # Linear warm-up: large early steps push a CTC model into predicting blanks everywhere.
         if step < optim.warmup_steps:
             return (step + 1) / optim.warmup_steps
         progress = (step - optim.warmup_steps) / max(1, max_steps - optim.warmup_steps)
         return schedule(min(progress, 1.0), optim)
 
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    return factor
+
+
+def fit_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, optim: OptimSection, max_steps: int) -> None:
+    """`scheduler` (build_optimizer's) refitted to end at `max_steps`, from the step it is at on: the
+    learning rate of the next step is the new schedule's."""
+    scheduler.lr_lambdas = [lr_factor(optim, max_steps) for _ in scheduler.optimizer.param_groups]
+    apply_schedule(scheduler)
+
+
+def apply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """The optimizer's learning rates set to what `scheduler` gives at its position."""
+    for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)

@@ -11,8 +11,10 @@ import torch
 
 from training.checkpoint import is_training_checkpoint, weights_checkpoint
 from training.config import Config
+from training.optim import apply_schedule, fit_schedule
 from training.setup import Setup
 from training.state import TrainState
+from training.time_budget import Plan
 from utils.distributed import DistEnv, gather_objects
 from utils.rng import capture_rng_state
 
@@ -65,6 +67,7 @@ class Run:
             "log_window": log_window,
             "rng": rng,
             "data_sizes": setup.sampler.sizes,
+            "plan": state.plan.to_dict() if state.plan else None,
         }
         if setup.average is not None:
             checkpoint.update(raw_model=setup.model.state_dict(), average_updates=setup.average.updates)
@@ -73,9 +76,9 @@ class Run:
     def load_state_dict(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         """Continue from a training checkpoint (train.resume, `path` names it in errors): the weights, the
         weight average when the run keeps one (a checkpoint written without one starts it there), the
-        optimizer, scheduler and scaler, the step, the best accuracy and the log window. The RNG states
-        are left to the caller: building the loaders and the model draws random numbers, so they are
-        restored last."""
+        optimizer, scheduler and scaler, the step, the best accuracy, the log window, and train.max_minutes's
+        plan where this run keeps it (time_budget.Plan.kept). The RNG states are left to the caller:
+        building the loaders and the model draws random numbers, so they are restored last."""
         setup = self.setup
         if not is_training_checkpoint(checkpoint):
             raise ValueError(
@@ -98,6 +101,11 @@ class Run:
         setup.scaler.load_state_dict(checkpoint["scaler"])
         self.state.step, self.state.best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
         self.state.window.load_state_dict(checkpoint["log_window"], self.env.is_main)
+        train = self.config.train
+        plan = Plan.kept(checkpoint.get("plan"), train.max_minutes, train.max_steps)
+        if plan is not None:
+            self.state.plan, self.state.end = plan, plan.steps
+            fit_schedule(setup.scheduler, self.config.optim, plan.steps)
 
 
 def load_optimizer_position(
@@ -114,5 +122,4 @@ def load_optimizer_position(
         group.update(values)
     scheduler.load_state_dict(checkpoint["scheduler"])  # its position; the schedule is this run's (LambdaLR)
     scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
+    apply_schedule(scheduler)

@@ -78,6 +78,11 @@ class RunLog:
         if self.enabled:
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=2.0)
 
+    def set_total(self, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
     def advance(self, postfix: dict[str, Any] | None = None) -> None:
         if self.bar is not None:
             self.bar.update(1)

@@ -1,0 +1,102 @@
+"""train.max_minutes: a run that fits its minutes on the machine it runs on.
+
+The loop times its first steps (`UNTIMED_STEPS` left out, then `TIMED_STEPS`), and from their pace plans
+the step the run ends at: train.max_steps when they fit, else as many as do, the learning-rate schedule
+fitted to end there (training/optim.py). A cosine schedule cut short by a clock would stop at a high
+learning rate; fitted, the shorter run still ends annealed. The plan is made once, on rank 0, and is every
+rank's; a checkpoint keeps it (`Plan.to_dict`), and a resume under the same train.max_minutes and
+train.max_steps goes on to the planned step, wherever it runs.
+
+What it counts: the training loop, validations and checkpoints included, from its first step; not the
+start-up before it, nor what ran before train.py. It is a plan, not a deadline: a machine whose speed
+drifts after the timed steps (CPUs here moved +-20 % from minute to minute) ends early or late by as
+much.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+UNTIMED_STEPS = 10  # the first steps choose kernels and fill caches: slower than the rest
+TIMED_STEPS = 100
+# A plan that cuts ends on a round step, as a person would set train.max_steps (and the logs and the
+# checkpoints' numbers line up with it); it leaves at most that many steps' time unused.
+ROUND_TO = 100
+# What validating an image costs against training on one: a forward pass, against a step's forward and
+# backward (about twice the forward).
+VALIDATION_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's planned end, and what it was planned under."""
+
+    minutes: float  # train.max_minutes
+    max_steps: int  # train.max_steps
+    steps: int  # the step the run ends at
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def kept(cls, record: dict[str, Any] | None, minutes: float | None, max_steps: int) -> Plan | None:
+        """A checkpoint's plan (`record`), if this run is to go on with it: planned under the same
+        train.max_minutes and train.max_steps. Changed on resume, this run's values apply instead."""
+        if record is None or minutes is None:
+            return None
+        plan = cls(**record)
+        return plan if (plan.minutes, plan.max_steps) == (minutes, max_steps) else None
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What a run's steps cost on this machine: a training step, and a validation (every `eval_every`
+    steps and at the end)."""
+
+    seconds_per_step: float
+    seconds_per_validation: float
+    eval_every: int
+
+    @classmethod
+    def measured(cls, seconds_per_step: float, batch_size: int, validation_images: int, eval_every: int) -> Pace:
+        per_image = seconds_per_step / batch_size
+        return cls(seconds_per_step, validation_images * per_image * VALIDATION_SHARE, eval_every)
+
+    def seconds_for(self, steps: int) -> float:
+        return steps * self.seconds_per_step_and_share() + self.seconds_per_validation
+
+    def seconds_per_step_and_share(self) -> float:
+        """A step, and its share of the validations."""
+        return self.seconds_per_step + self.seconds_per_validation / self.eval_every
+
+
+def steps_that_fit(pace: Pace, seconds_left: float, step: int, max_steps: int) -> int:
+    """The step a run at `step` ends at to finish within `seconds_left` at `pace`: at most `max_steps`;
+    fewer are rounded down to a multiple of `ROUND_TO`, and never below `step` (nothing more fits: end now)."""
+    if pace.seconds_for(max_steps - step) <= seconds_left:
+        return max_steps
+    fit = step + int(max(0.0, seconds_left - pace.seconds_per_validation) // pace.seconds_per_step_and_share())
+    return max(step, min(fit, max_steps) // ROUND_TO * ROUND_TO)
+
+
+class StepClock:
+    """Times the loop from its first step, and the `TIMED_STEPS` after the first `UNTIMED_STEPS`."""
+
+    def __init__(self, first_step: int) -> None:
+        self.started = time.perf_counter()
+        self.timed_from = first_step + UNTIMED_STEPS
+        self.plan_at = self.timed_from + TIMED_STEPS  # the step after which the plan is made
+        self.timing_started = self.started
+
+    def tick(self, step: int) -> None:
+        """Call after each step, with the number of steps taken."""
+        if step == self.timed_from:
+            self.timing_started = time.perf_counter()
+
+    def seconds_per_step(self) -> float:
+        return (time.perf_counter() - self.timing_started) / TIMED_STEPS
+
+    def seconds_left(self, minutes: float) -> float:
+        return 60 * minutes - (time.perf_counter() - self.started)
