@@ -19,6 +19,42 @@ def run_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO)}
 
 
+# Small runs of train.py: a small LSTM, loading in the process, fp32, no TensorBoard.
+SMALL = [
+    "model.hidden_size=32",
+    "data.num_workers=0",
+    "train.precision=fp32",
+    "train.batch_size=8",
+    "train.tensorboard=false",
+]
+TORCHRUN_TWO = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+
+
+def train_small(
+    synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = (sys.executable,)
+) -> subprocess.CompletedProcess:
+    """train.py on `synth`'s train and val sets, `SMALL`, then `overrides` (one process; `TORCHRUN_TWO`
+    for two); its result, whatever the exit code."""
+    return subprocess.run(
+        [
+            *launcher,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *SMALL,
+            *overrides,
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
     """Every (image bytes, label) of an LMDB, in index order (also where a test's dataset holds it open)."""
     from data.lmdb_env import lmdb_for_scan

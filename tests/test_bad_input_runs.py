@@ -13,44 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_env
+from conftest import REPO, TORCHRUN_TWO, run_env
+from conftest import train_small as train
 
 from models import model_from_config
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
 from training.config import ConfigError, load_config, validate
 from training.run_folder import find_latest_checkpoint, lock_run_folder, unlock_run_folder
 from utils.atomic_write import write_text_atomically
-
-SMALL = [
-    "model.hidden_size=32",
-    "data.num_workers=0",
-    "train.precision=fp32",
-    "train.batch_size=8",
-    "train.tensorboard=false",
-]
-
-
-def train(
-    synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = (sys.executable,)
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            *launcher,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *SMALL,
-            *overrides,
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def copy_run(tiny_run: Path, tmp_path: Path) -> Path:
@@ -195,7 +165,7 @@ def test_resume_with_another_model_stops_both_torchrun_ranks_before_anything_is_
         tmp_path / "new",
         f"train.resume={tiny_run / 'last.pt'}",
         "model.hidden_size=48",
-        launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        launcher=TORCHRUN_TWO,
     )
     assert result.returncode != 0
     assert (
@@ -243,7 +213,7 @@ def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first
             synth,
             out_dir,
             "train.max_steps=2",
-            launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+            launcher=TORCHRUN_TWO,
         )
     finally:
         lock.file.close()  # as the kernel does when its process dies: the file stays

@@ -4,14 +4,13 @@ replace their plan across resumes."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.conftest import REPO, run_env
+from tests.conftest import TORCHRUN_TWO, train_small
 from training.config import load_config
 from training.optim import build_optimizer, fit_schedule
 from training.time_budget import ROUND_TO, TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, steps_that_fit
@@ -72,36 +71,8 @@ def test_a_resume_keeps_the_plan_only_under_the_minutes_and_steps_it_was_made_fo
 
 def train(synth: Path, out_dir: Path, max_steps: int, minutes: float) -> str:
     """A 2-process run (torchrun, gloo) of a small model; its log."""
-    import subprocess
-
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            f"train.max_steps={max_steps}",
-            f"train.max_minutes={minutes}",
-            "train.batch_size=8",
-            "train.eval_every=1000",
-            "train.log_every=10",
-            "model.hidden_size=32",
-            "data.num_workers=0",
-            "train.precision=fp32",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    overrides = (f"train.max_steps={max_steps}", f"train.max_minutes={minutes}", "train.eval_every=1000")
+    result = train_small(synth, out_dir, *overrides, "train.log_every=10", launcher=TORCHRUN_TWO)
     assert result.returncode == 0, result.stderr[-5000:]
     return result.stdout + result.stderr
 
