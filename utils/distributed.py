@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.constants import default_pg_timeout
 
+from utils.host_memory import keep_freed_memory
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -110,8 +112,8 @@ def pick_device(local_rank: int, local_world_size: int, device_ids: list[int]) -
 
 
 def setup_distributed(device_ids: list[int], threads: int = 0, join_timeout: timedelta = JOIN_TIMEOUT) -> DistEnv:
-    """Bind this process to its device, set its CPU threads, then join the process group (waiting at
-    most `join_timeout` for the other processes)."""
+    """Bind this process to its device, set its CPU threads (on the CPU, keep its freed memory), then join
+    the process group (waiting at most `join_timeout` for the other processes)."""
     rank, local_rank, world_size, local_world_size = read_env()
     device = pick_device(local_rank, local_world_size, device_ids)
     if device.type == "cuda":
@@ -120,6 +122,8 @@ def setup_distributed(device_ids: list[int], threads: int = 0, join_timeout: tim
         # algorithms pays once. (Evaluation batched by width adds a handful of shapes.)
         torch.backends.cudnn.benchmark = True
     torch.set_num_threads(threads_per_process(threads, local_world_size))
+    if device.type == "cpu":
+        keep_freed_memory()  # the tensors live in host memory: reuse it rather than fault it in every step
     cpu_group = None
     if world_size > 1:
         backend = process_group_backend(device, device_ids, local_world_size)
