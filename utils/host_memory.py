@@ -26,7 +26,7 @@ def keep_freed_memory() -> bool:
     False where the C library has no mallopt (musl, macOS, Windows) or refuses the values."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows, where CDLL needs a library's name
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
