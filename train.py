@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -183,8 +184,13 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
         else:
             log.advance()
         if state.step % train.eval_every == 0 or last:
+            validation_started = time.perf_counter()
             validate_and_keep_best(run, val_loaders, log)
             state.window.restart_clock()
+            if clock is not None:
+                clock.validated(time.perf_counter() - validation_started)
+                if state.plan is not None and not last:
+                    last = plan_the_end_again(run, clock, log)
         signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
         if signum or state.step % train.save_every == 0 or last:
             saved = save_training_checkpoint(run)
@@ -214,9 +220,7 @@ def plan_the_end(run: Run, clock: StepClock, log: RunLog) -> None:
     pace = Pace.measured(clock.seconds_per_step(), config.train.batch_size, validation_images, config.train.eval_every)
     end = steps_that_fit(pace, clock.seconds_left(config.train.max_minutes), state.step, config.train.max_steps)
     end = broadcast_object(end, group=run.env.cpu_group)
-    state.plan, state.end = Plan(config.train.max_minutes, config.train.max_steps, end), end
-    fit_schedule(setup.scheduler, config.optim, end)
-    log.set_total(end)
+    end_the_run_at(run, end, log)
     steps = config.train.max_steps - state.step
     verdict = (
         f"they fit: the run ends at step {end}"
@@ -228,6 +232,32 @@ def plan_the_end(run: Run, clock: StepClock, log: RunLog) -> None:
         f"{steps} steps to train.max_steps={config.train.max_steps} would take ~{pace.seconds_for(steps) / 60:.1f} "
         f"more minutes; {verdict}"
     )
+
+
+def plan_the_end_again(run: Run, clock: StepClock, log: RunLog) -> bool:
+    """train.max_minutes, after a validation: the plan made again from every step timed so far and the
+    validation's own time, where the machine's pace has drifted from the first steps'. Whether the run
+    ends at this step."""
+    config, state = run.config, run.state
+    pace = clock.pace_so_far(config.train.eval_every)
+    end = steps_that_fit(pace, clock.seconds_left(config.train.max_minutes), state.step, config.train.max_steps)
+    end = broadcast_object(end, group=run.env.cpu_group)
+    if end != state.end:
+        log.info(
+            f"train.max_minutes={config.train.max_minutes:g}: {pace.seconds_per_step:.3f} s a step since step "
+            f"{clock.timed_from} and {pace.seconds_per_validation:.1f} s a validation; the run ends at step {end} "
+            f"instead of {state.end}, its learning-rate schedule fitted to end there"
+        )
+        end_the_run_at(run, end, log)
+    return state.step == state.end
+
+
+def end_the_run_at(run: Run, end: int, log: RunLog) -> None:
+    """The plan's end: kept in the checkpoints, the schedule refitted to it, the progress bar's total."""
+    config, state = run.config, run.state
+    state.plan, state.end = Plan(config.train.max_minutes, config.train.max_steps, end), end
+    fit_schedule(run.setup.scheduler, config.optim, end)
+    log.set_total(end)
 
 
 def parse_args() -> argparse.Namespace:

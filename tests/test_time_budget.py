@@ -13,7 +13,7 @@ from torch import nn
 from tests.conftest import TORCHRUN_TWO, train_small
 from training.config import load_config
 from training.optim import build_optimizer, fit_schedule
-from training.time_budget import ROUND_TO, TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, steps_that_fit
+from training.time_budget import ROUND_TO, TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, steps_that_fit
 
 
 def test_all_the_steps_when_they_fit_else_the_round_step_that_fits():
@@ -36,6 +36,39 @@ def test_validations_are_part_of_the_plan():
     assert Pace.measured(0.32, batch_size=32, validation_images=300, eval_every=500).seconds_per_validation == (
         pytest.approx(1.0)
     )
+
+
+def test_the_plan_made_again_counts_every_step_timed_and_the_last_validation():
+    now = 0.0
+    clock = StepClock(0, now=lambda: now)
+
+    def steps(count: int, seconds: float) -> None:
+        nonlocal now
+        for _ in range(count):
+            now += seconds
+            clock.tick(clock.step + 1)
+
+    def validation(seconds: float) -> None:
+        nonlocal now
+        now += seconds
+        clock.validated(seconds)
+
+    steps(10, 1.0)
+    validation(5.0)  # before the timing: neither a step's time nor the last validation's
+    steps(UNTIMED_STEPS - 10, 1.0)
+    steps(TIMED_STEPS, 0.1)
+    assert clock.seconds_per_step() == pytest.approx(0.1)  # the first plan's pace
+    steps(2000 - clock.step, 0.2)  # the machine slowed down after the timed steps
+    validation(30.0)
+    pace = clock.pace_so_far(eval_every=2000)
+    assert pace.seconds_per_step == pytest.approx((TIMED_STEPS * 0.1 + 1750 * 0.2) / 1950)
+    assert pace.seconds_per_validation == 30.0
+    # 15 minutes: 455 s spent (55 before the timing, 20 timed, 350 slower, 30 validating), 445 left; a
+    # step costs 0.190 s and 30/2000 of a validation, and the last validation 30 s: 2,026 more steps fit.
+    assert clock.seconds_left(15) == pytest.approx(445.0)
+    assert steps_that_fit(pace, clock.seconds_left(15), clock.step, 13500) == 4000
+    # The first plan's pace would have let the run go on to step 5,600.
+    assert steps_that_fit(Pace(0.1, 30.0, 2000), clock.seconds_left(15), clock.step, 13500) == 5600
 
 
 def test_a_refitted_schedule_ends_annealed_where_the_plan_ends():
@@ -106,3 +139,22 @@ def test_a_run_out_of_minutes_ends_annealed_at_the_step_it_planned_and_a_resume_
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["step"] == 2 * planned_at
     assert checkpoint["plan"] == {"minutes": 0.002, "max_steps": 1000, "steps": 2 * planned_at}
+
+
+@pytest.mark.slow
+def test_a_run_within_its_minutes_plans_again_at_each_validation_and_keeps_its_end(synth, tmp_path):
+    """The plan made again after the validation at step 300, on both processes (a collective): all 400
+    steps still fit an hour, so the end stays, and the schedule with it."""
+    out_dir = tmp_path / "run"
+    overrides = ("train.max_steps=400", "train.max_minutes=60", "train.eval_every=300", "train.log_every=10")
+    result = train_small(synth, out_dir, *overrides, launcher=TORCHRUN_TWO)
+    assert result.returncode == 0, result.stderr[-5000:]
+    log = result.stdout + result.stderr
+    assert "they fit: the run ends at step 400" in log and "instead of" not in log
+    checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
+    assert checkpoint["step"] == 400 and checkpoint["plan"] == {"minutes": 60, "max_steps": 400, "steps": 400}
+    validated = [
+        json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' in line
+    ]
+    assert validated == [300, 400]
+    assert last_train_record(out_dir)["lr"] == pytest.approx(1e-3 * 0.05)  # annealed at step 400

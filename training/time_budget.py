@@ -3,19 +3,21 @@
 The loop times its first steps (`UNTIMED_STEPS` left out, then `TIMED_STEPS`), and from their pace plans
 the step the run ends at: train.max_steps when they fit, else as many as do, the learning-rate schedule
 fitted to end there (training/optim.py). A cosine schedule cut short by a clock would stop at a high
-learning rate; fitted, the shorter run still ends annealed. The plan is made once, on rank 0, and is every
-rank's; a checkpoint keeps it (`Plan.to_dict`), and a resume under the same train.max_minutes and
-train.max_steps goes on to the planned step, wherever it runs.
+learning rate; fitted, the shorter run still ends annealed. At each validation after that the plan is
+made again from every step timed so far and the validation's own time: a machine whose speed drifted
+after the first steps (CPUs here moved +-20 % from minute to minute) ends nearer its minutes. A plan is
+made on rank 0 and is every rank's; a checkpoint keeps it (`Plan.to_dict`), and a resume under the same
+train.max_minutes and train.max_steps goes on to the planned step, wherever it runs.
 
 What it counts: the training loop, validations and checkpoints included, from its first step; not the
-start-up before it, nor what ran before train.py. It is a plan, not a deadline: a machine whose speed
-drifts after the timed steps (CPUs here moved +-20 % from minute to minute) ends early or late by as
-much.
+start-up before it, nor what ran before train.py. It is a plan, not a deadline: what drifts after the
+last validation, and the last one itself, end the run early or late by as much.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,21 +87,40 @@ def steps_that_fit(pace: Pace, seconds_left: float, step: int, max_steps: int) -
 
 
 class StepClock:
-    """Times the loop from its first step, and the `TIMED_STEPS` after the first `UNTIMED_STEPS`."""
+    """Times the loop from its first step: the `TIMED_STEPS` after the first `UNTIMED_STEPS` for the plan,
+    and every step and validation after them for the plans made again."""
 
-    def __init__(self, first_step: int) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, first_step: int, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
+        self.started = now()
         self.timed_from = first_step + UNTIMED_STEPS
         self.plan_at = self.timed_from + TIMED_STEPS  # the step after which the plan is made
         self.timing_started = self.started
+        self.step = first_step
+        self.validating = 0.0  # seconds spent validating since the timing started
+        self.last_validation = 0.0
 
     def tick(self, step: int) -> None:
         """Call after each step, with the number of steps taken."""
+        self.step = step
         if step == self.timed_from:
-            self.timing_started = time.perf_counter()
+            self.timing_started = self.now()
+
+    def validated(self, seconds: float) -> None:
+        """Call after each validation, with the seconds it took."""
+        if self.step >= self.timed_from:
+            self.validating += seconds
+            self.last_validation = seconds
 
     def seconds_per_step(self) -> float:
-        return (time.perf_counter() - self.timing_started) / TIMED_STEPS
+        """The pace of the `TIMED_STEPS`, for the plan."""
+        return (self.now() - self.timing_started) / TIMED_STEPS
+
+    def pace_so_far(self, eval_every: int) -> Pace:
+        """What every step since the timing started cost, validations apart, and what the last validation
+        took: for the plans made again."""
+        stepping = self.now() - self.timing_started - self.validating
+        return Pace(stepping / max(1, self.step - self.timed_from), self.last_validation, eval_every)
 
     def seconds_left(self, minutes: float) -> float:
-        return 60 * minutes - (time.perf_counter() - self.started)
+        return 60 * minutes - (self.now() - self.started)
