@@ -57,7 +57,7 @@ from training.run_folder import (
 from training.run_log import RunLog
 from training.setup import Setup, model_and_frames, open_datasets, training_precision
 from training.state import TrainState
-from training.time_budget import TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, steps_that_fit
+from training.time_budget import TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, end_planned_again, steps_that_fit
 from training.weight_average import WeightAverage
 from utils import cli
 from utils.distributed import (
@@ -239,8 +239,8 @@ def plan_the_end_again(run: Run, clock: StepClock, log: RunLog) -> bool:
     validation's own time, where the machine's pace has drifted from the first steps'. Whether the run
     ends at this step."""
     config, state = run.config, run.state
-    pace = clock.pace_so_far(config.train.eval_every)
-    end = steps_that_fit(pace, clock.seconds_left(config.train.max_minutes), state.step, config.train.max_steps)
+    minutes, pace = config.train.max_minutes, clock.pace_so_far(config.train.eval_every)
+    end = end_planned_again(pace, clock.seconds_left(minutes), state.step, state.end, config.train.max_steps, minutes)
     end = broadcast_object(end, group=run.env.cpu_group)
     if end != state.end:
         log.info(

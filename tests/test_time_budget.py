@@ -13,7 +13,16 @@ from torch import nn
 from tests.conftest import TORCHRUN_TWO, train_small
 from training.config import load_config
 from training.optim import build_optimizer, fit_schedule
-from training.time_budget import ROUND_TO, TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, steps_that_fit
+from training.time_budget import (
+    ROUND_TO,
+    TIMED_STEPS,
+    UNTIMED_STEPS,
+    Pace,
+    Plan,
+    StepClock,
+    end_planned_again,
+    steps_that_fit,
+)
 
 
 def test_all_the_steps_when_they_fit_else_the_round_step_that_fits():
@@ -69,6 +78,18 @@ def test_the_plan_made_again_counts_every_step_timed_and_the_last_validation():
     assert steps_that_fit(pace, clock.seconds_left(15), clock.step, 13500) == 4000
     # The first plan's pace would have let the run go on to step 5,600.
     assert steps_that_fit(Pace(0.1, 30.0, 2000), clock.seconds_left(15), clock.step, 13500) == 5600
+
+
+def test_the_plan_made_again_moves_the_end_only_where_it_would_miss_the_minutes_by_more_than_2_percent():
+    pace = Pace(seconds_per_step=0.125, seconds_per_validation=0.0, eval_every=2000)
+    plan = dict(step=4000, end=8000, max_steps=13500, minutes=15)  # 2 % of 15 minutes: 18 s
+    assert end_planned_again(pace, 500.0, **plan) == 8000  # the 4,000 steps take the 500 s left
+    assert end_planned_again(pace, 515.0, **plan) == 8000  # 15 s to spare: kept (8,100 would fit)
+    assert end_planned_again(pace, 485.0, **plan) == 8000  # 15 s short: kept
+    assert end_planned_again(pace, 525.0, **plan) == 8200  # 25 s to spare: two hundred steps more
+    assert end_planned_again(pace, 375.0, **plan) == 7000  # the machine slowed down: a thousand fewer
+    assert end_planned_again(pace, -30.0, **plan) == 4000  # the minutes are spent: end here
+    assert end_planned_again(pace, 1e6, **plan) == 13500  # never past train.max_steps
 
 
 def test_a_refitted_schedule_ends_annealed_where_the_plan_ends():

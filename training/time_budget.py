@@ -29,6 +29,9 @@ TIMED_STEPS = 200
 # A plan that cuts ends on a round step, as a person would set train.max_steps (and the logs and the
 # checkpoints' numbers line up with it); it leaves at most that many steps' time unused.
 ROUND_TO = 100
+# A plan made again moves the end only where the one it has would miss the minutes by more than this share
+# of them (18 s of 15 minutes): less is the clock's own noise, and each move jumps the learning rate a little.
+REPLAN_TOLERANCE = 0.02
 # What validating an image costs against training on one: a forward pass, against a step's forward and
 # backward (about twice the forward).
 VALIDATION_SHARE = 1 / 3
@@ -84,6 +87,14 @@ def steps_that_fit(pace: Pace, seconds_left: float, step: int, max_steps: int) -
         return max_steps
     fit = step + int(max(0.0, seconds_left - pace.seconds_per_validation) // pace.seconds_per_step_and_share())
     return max(step, min(fit, max_steps) // ROUND_TO * ROUND_TO)
+
+
+def end_planned_again(pace: Pace, seconds_left: float, step: int, end: int, max_steps: int, minutes: float) -> int:
+    """The end a run at `step` planned to stop at `end` keeps where it still finishes within
+    `REPLAN_TOLERANCE` of its minutes at `pace`, else the one that fits now (`steps_that_fit`)."""
+    if abs(seconds_left - pace.seconds_for(end - step)) <= REPLAN_TOLERANCE * 60 * minutes:
+        return end
+    return steps_that_fit(pace, seconds_left, step, max_steps)
 
 
 class StepClock:
