@@ -124,10 +124,7 @@ def run(main: Callable[[], int | None], expected: tuple[type[BaseException], ...
             raise
         if os.environ.get("CRNN_TRACEBACK") == "1":
             raise
-        # One write, its newline in it: sys.exit writes the message and the newline apart, and under
-        # torchrun, where every rank says it, two ranks' lines once came out run together on one.
-        sys.stderr.write(f"error: {describe(error)}\n")
-        sys.exit(1)
+        sys.exit(f"error: {describe(error)}")
     finally:
         stops.restore()
     if stops.received:  # swallowed on the way (an `except BaseException` that went on): still a stop
