@@ -216,8 +216,8 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     assert {path.name for path in (home / "runs" / "x").iterdir()} >= {"best.pt", "last.pt", "config.yaml"}
     assert list(work.iterdir()) == []
     assert (
-        "warning: optim.warmup_steps=100 is more than train.max_steps=2: the learning rate never reaches "
-        "optim.lr=0.001 (it ends at 2% of it)"
+        "warning: optim.warmup_steps=300 is more than train.max_steps=2: the learning rate never reaches "
+        "optim.lr=0.002 (it ends at 1% of it)"
     ) in result.stdout + result.stderr
 
 

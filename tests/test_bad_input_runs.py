@@ -38,7 +38,7 @@ def small_config(*overrides: str):
 @pytest.mark.slow
 def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, tiny_run, tmp_path):
     """The optimizer state comes from the checkpoint, its hyperparameters from the config: the old code
-    logged optim.lr=0.01 and kept 0.001 (the scheduler's saved base)."""
+    logged optim.lr=0.01 and kept the checkpoint's 0.002 (the scheduler's saved base)."""
     result = train(
         synth,
         tmp_path / "new",
@@ -51,12 +51,12 @@ def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, t
     )
     assert result.returncode == 0, result.stderr
     assert "changed on resume (this run's values apply):\n" in result.stdout
-    assert "\n  optim.lr: 0.001 -> 0.01\n" in result.stdout
+    assert "\n  optim.lr: 0.002 -> 0.01\n" in result.stdout
     assert f"\n  data.train: ['{synth / 'train'}'] -> ['{synth / 'test'}']\n" in result.stdout
     assert "warning: data.train now has [20] usable samples, not [96]" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]
     [lr] = [record["lr"] for record in records if record.get("step") == 6 and "lr" in record]
-    assert lr == pytest.approx(0.01 * 7 / 100)  # 100 warm-up steps, the 7th lr of the schedule
+    assert lr == pytest.approx(0.01 * 7 / 300)  # 300 warm-up steps, the 7th lr of the schedule
 
 
 @pytest.mark.slow

@@ -250,10 +250,10 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
 def test_another_config_in_a_used_run_folder_stops_every_rank_before_training(reference, synth):
     before = {path.name: path.stat().st_mtime_ns for path in reference.iterdir()}
     output = finish(
-        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, "optim.lr=0.002")]),
+        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, "optim.lr=0.003")]),
         expect_success=False,
         timeout=120,
     )
     assert output.count("holds a run with another configuration:") == 2  # each rank, the same message
-    assert "optim.lr: 0.001 -> 0.002" in output
+    assert "optim.lr: 0.002 -> 0.003" in output
     assert {path.name: path.stat().st_mtime_ns for path in reference.iterdir()} == before  # nothing touched
