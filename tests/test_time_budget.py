@@ -125,9 +125,13 @@ def test_a_resume_keeps_the_plan_only_under_the_minutes_and_steps_it_was_made_fo
 
 def train(synth: Path, out_dir: Path, max_steps: int, minutes: float) -> str:
     """A 2-process run (torchrun, gloo) of a small model; its log."""
-    overrides = (f"train.max_steps={max_steps}", f"train.max_minutes={minutes}", "train.eval_every=1000")
     # Warmed up within the 250 steps a plan made at once ends at, so that the end is annealed.
-    overrides += ("optim.warmup_steps=100",)
+    overrides = (
+        f"train.max_steps={max_steps}",
+        f"train.max_minutes={minutes}",
+        "train.eval_every=1000",
+        "optim.warmup_steps=100",
+    )
     result = train_small(synth, out_dir, *overrides, "train.log_every=10", launcher=TORCHRUN_TWO)
     assert result.returncode == 0, result.stderr[-5000:]
     return result.stdout + result.stderr
