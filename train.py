@@ -36,7 +36,16 @@ from evaluation.visualize import caption_grid
 from models import count_parameters
 from models.losses import ctc_losses
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights, save_checkpoint
-from training.config import Config, ConfigError, ConfigFileOption, config_warnings, load_config, to_dict, validate
+from training.config import (
+    Config,
+    ConfigError,
+    ConfigFileOption,
+    config_warnings,
+    load_config,
+    short_of_warmup,
+    to_dict,
+    validate,
+)
 from training.log_window import LogWindow
 from training.optim import build_optimizer, fit_schedule
 from training.run import Run
@@ -258,6 +267,11 @@ def end_the_run_at(run: Run, end: int, log: RunLog) -> None:
     state.plan, state.end = Plan(config.train.max_minutes, config.train.max_steps, end), end
     fit_schedule(run.setup.scheduler, config.optim, end)
     log.set_total(end)
+    warning = short_of_warmup(
+        config.optim, end, f"the {end} steps that fit train.max_minutes={config.train.max_minutes:g}"
+    )
+    if warning:
+        log.info(f"warning: {warning}; raise train.max_minutes or lower optim.warmup_steps")
 
 
 def parse_args() -> argparse.Namespace:

@@ -123,16 +123,17 @@ def test_a_resume_keeps_the_plan_only_under_the_minutes_and_steps_it_was_made_fo
     assert Plan.kept(None, 16.0, 13500) is None  # a checkpoint written without a plan
 
 
-def train(synth: Path, out_dir: Path, max_steps: int, minutes: float) -> str:
+def train(synth: Path, out_dir: Path, max_steps: int, minutes: float, warmup_steps: int = 100) -> str:
     """A 2-process run (torchrun, gloo) of a small model; its log."""
-    # Warmed up within the 250 steps a plan made at once ends at, so that the end is annealed.
+    # By default warmed up within the 250 steps a plan made at once ends at, so that the end is annealed.
     overrides = (
         f"train.max_steps={max_steps}",
         f"train.max_minutes={minutes}",
         "train.eval_every=1000",
-        "optim.warmup_steps=100",
+        f"optim.warmup_steps={warmup_steps}",
+        "train.log_every=10",
     )
-    result = train_small(synth, out_dir, *overrides, "train.log_every=10", launcher=TORCHRUN_TWO)
+    result = train_small(synth, out_dir, *overrides, launcher=TORCHRUN_TWO)
     assert result.returncode == 0, result.stderr[-5000:]
     return result.stdout + result.stderr
 
@@ -166,6 +167,20 @@ def test_a_run_out_of_minutes_ends_annealed_at_the_step_it_planned_and_a_resume_
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
     assert checkpoint["step"] == 2 * planned_at
     assert checkpoint["plan"] == {"minutes": 0.002, "max_steps": 1000, "steps": 2 * planned_at}
+
+
+@pytest.mark.slow
+def test_a_plan_that_ends_the_run_inside_its_warm_up_says_so(synth, tmp_path):
+    """train.max_steps is past the warm-up, so the start-up says nothing; the minutes are not."""
+    planned_at = UNTIMED_STEPS + TIMED_STEPS
+    log = train(synth, tmp_path / "run", max_steps=1000, minutes=0.001, warmup_steps=400)
+    assert (
+        f"warning: optim.warmup_steps=400 is more than the {planned_at} steps that fit train.max_minutes=0.001: "
+        f"the learning rate never reaches optim.lr=0.002 (it ends at {planned_at / 400:.0%} of it); raise "
+        "train.max_minutes or lower optim.warmup_steps" in log
+    )
+    assert log.count("warning:") == 1
+    assert last_train_record(tmp_path / "run")["step"] == planned_at
 
 
 @pytest.mark.slow

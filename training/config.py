@@ -664,13 +664,19 @@ def check_datasets(config: Config) -> None:
 def config_warnings(config: Config) -> list[str]:
     """Keys that do not contradict each other but may not do what was meant: said at start-up, not refused
     (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
-    optim, steps = config.optim, config.train.max_steps
-    if optim.warmup_steps > steps:
-        return [
-            f"optim.warmup_steps={optim.warmup_steps} is more than train.max_steps={steps}: the learning rate "
-            f"never reaches optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"
-        ]
-    return []
+    steps = config.train.max_steps
+    warning = short_of_warmup(config.optim, steps, f"train.max_steps={steps}")
+    return [warning] if warning else []
+
+
+def short_of_warmup(optim: OptimConfig, steps: int, end: str) -> str | None:
+    """What a run that ends at `steps` (`end` says what sets it there) inside its warm-up never reaches."""
+    if optim.warmup_steps <= steps:
+        return None
+    return (
+        f"optim.warmup_steps={optim.warmup_steps} is more than {end}: the learning rate never reaches "
+        f"optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"
+    )
 
 
 def check_listed_once(key: str, roots: list[str]) -> None:
