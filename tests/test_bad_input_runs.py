@@ -38,7 +38,7 @@ def small_config(*overrides: str):
 @pytest.mark.slow
 def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, tiny_run, tmp_path):
     """The optimizer state comes from the checkpoint, its hyperparameters from the config: the old code
-    logged optim.lr=0.01 and kept the checkpoint's 0.002 (the scheduler's saved base)."""
+    logged optim.lr=0.01 and kept the checkpoint's rate (the scheduler's saved base)."""
     result = train(
         synth,
         tmp_path / "new",
@@ -51,7 +51,7 @@ def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, t
     )
     assert result.returncode == 0, result.stderr
     assert "changed on resume (this run's values apply):\n" in result.stdout
-    assert "\n  optim.lr: 0.002 -> 0.01\n" in result.stdout
+    assert f"\n  optim.lr: {load_config('crnn.yaml').optim.lr} -> 0.01\n" in result.stdout
     assert f"\n  data.train: ['{synth / 'train'}'] -> ['{synth / 'test'}']\n" in result.stdout
     assert "warning: data.train now has [20] usable samples, not [96]" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]

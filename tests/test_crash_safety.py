@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_env
+from training.config import load_config
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -249,11 +250,12 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
 
 def test_another_config_in_a_used_run_folder_stops_every_rank_before_training(reference, synth):
     before = {path.name: path.stat().st_mtime_ns for path in reference.iterdir()}
+    lr = load_config("crnn.yaml").optim.lr
     output = finish(
-        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, "optim.lr=0.003")]),
+        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, f"optim.lr={2 * lr}")]),
         expect_success=False,
         timeout=120,
     )
     assert output.count("holds a run with another configuration:") == 2  # each rank, the same message
-    assert "optim.lr: 0.002 -> 0.003" in output
+    assert f"optim.lr: {lr} -> {2 * lr}" in output
     assert {path.name: path.stat().st_mtime_ns for path in reference.iterdir()} == before  # nothing touched

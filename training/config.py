@@ -675,7 +675,7 @@ def short_of_warmup(optim: OptimConfig, steps: int, end: str) -> str | None:
         return None
     return (
         f"optim.warmup_steps={optim.warmup_steps} is more than {end}: the learning rate never reaches "
-        f"optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.0%} of it)"
+        f"optim.lr={optim.lr} (it ends at {steps / optim.warmup_steps:.1%} of it)"
     )
 
 
