@@ -215,7 +215,7 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     assert result.returncode == 0, result.stderr[-3000:]
     assert {path.name for path in (home / "runs" / "x").iterdir()} >= {"best.pt", "last.pt", "config.yaml"}
     assert list(work.iterdir()) == []
-    optim = load_config("crnn.yaml").optim
+    optim = load_config("crnn.yaml", []).optim
     assert (
         f"warning: optim.warmup_steps={optim.warmup_steps} is more than train.max_steps=2: the learning rate "
         f"never reaches optim.lr={optim.lr} (it ends at {2 / optim.warmup_steps:.1%} of it)"

@@ -50,13 +50,14 @@ def test_resume_from_another_folder_drives_the_schedule_with_the_new_lr(synth, t
         f"data.train=[{synth / 'test'}]",
     )
     assert result.returncode == 0, result.stderr
+    recipe = load_config("crnn.yaml", []).optim
     assert "changed on resume (this run's values apply):\n" in result.stdout
-    assert f"\n  optim.lr: {load_config('crnn.yaml').optim.lr} -> 0.01\n" in result.stdout
+    assert f"\n  optim.lr: {recipe.lr} -> 0.01\n" in result.stdout
     assert f"\n  data.train: ['{synth / 'train'}'] -> ['{synth / 'test'}']\n" in result.stdout
     assert "warning: data.train now has [20] usable samples, not [96]" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "new" / "metrics.jsonl").read_text().splitlines()]
     [lr] = [record["lr"] for record in records if record.get("step") == 6 and "lr" in record]
-    assert lr == pytest.approx(0.01 * 7 / 300)  # 300 warm-up steps, the 7th lr of the schedule
+    assert lr == pytest.approx(0.01 * 7 / recipe.warmup_steps)  # the 7th lr of the warm-up
 
 
 @pytest.mark.slow

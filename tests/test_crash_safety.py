@@ -250,7 +250,7 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
 
 def test_another_config_in_a_used_run_folder_stops_every_rank_before_training(reference, synth):
     before = {path.name: path.stat().st_mtime_ns for path in reference.iterdir()}
-    lr = load_config("crnn.yaml").optim.lr
+    lr = load_config("crnn.yaml", []).optim.lr
     output = finish(
         launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, f"optim.lr={2 * lr}")]),
         expect_success=False,

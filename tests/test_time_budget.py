@@ -24,7 +24,7 @@ from training.time_budget import (
     steps_that_fit,
 )
 
-RECIPE = load_config("crnn.yaml").optim  # the train helper's runs are crnn.yaml's
+RECIPE = load_config("crnn.yaml", []).optim  # the train helper's runs are crnn.yaml's
 
 
 def test_all_the_steps_when_they_fit_else_the_round_step_that_fits():
@@ -190,7 +190,13 @@ def test_a_run_within_its_minutes_plans_again_at_each_validation_and_keeps_its_e
     """The plan made again after the validation at step 300, on both processes (a collective): all 400
     steps still fit an hour, so the end stays, and the schedule with it."""
     out_dir = tmp_path / "run"
-    overrides = ("train.max_steps=400", "train.max_minutes=60", "train.eval_every=300", "train.log_every=10")
+    overrides = (
+        "train.max_steps=400",
+        "train.max_minutes=60",
+        "train.eval_every=300",
+        "train.log_every=10",
+        "optim.warmup_steps=100",  # warmed up before the end, so that the end is annealed
+    )
     result = train_small(synth, out_dir, *overrides, launcher=TORCHRUN_TWO)
     assert result.returncode == 0, result.stderr[-5000:]
     log = result.stdout + result.stderr
