@@ -28,6 +28,7 @@ TRAIN_OVERRIDES = [
     "train.eval_batch_size=8",
     "data.num_workers=1",
     "optim.warmup_steps=2",
+    "optim.lr=0.002",  # the compiled run's drift from eager grows with the rate: its tolerances are for this one
     "train.precision=fp32",
     "data.augment=strong",
 ]  # validation and eval.sh must not augment: they are compared below
