@@ -14,7 +14,7 @@ import json
 import subprocess
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from importlib.util import find_spec
 from pathlib import Path
@@ -151,6 +151,31 @@ class FontCoverage:
         return self.character_set.issuperset(text)
 
 
+class FontPool:
+    """Fonts to draw with, indexed by character: the fonts that have every character of a text are an AND
+    of one bit mask per character, where testing each font's set took 6 % of the generator's time."""
+
+    def __init__(self, coverages: tuple[FontCoverage, ...]) -> None:
+        self.coverages = coverages
+        self.having: dict[str, int] = {}  # character -> a mask with bit i set where coverages[i] draws it
+        members: dict[str, int] = {}
+        for index, coverage in enumerate(coverages):
+            for char in coverage.character_set:
+                self.having[char] = self.having.get(char, 0) | 1 << index
+            members[coverage.font.family] = members.get(coverage.font.family, 0) | 1 << index
+        self.families = sorted(members.items())  # (family, its fonts' mask), by name
+
+    def drawing(self, text: str) -> int:
+        """The mask of the fonts that draw every character of `text`."""
+        mask = (1 << len(self.coverages)) - 1
+        for char in set(text):
+            mask &= self.having.get(char, 0)
+        return mask
+
+    def fonts_in(self, mask: int) -> list[FontCoverage]:
+        return [coverage for index, coverage in enumerate(self.coverages) if mask >> index & 1]
+
+
 @dataclass(frozen=True)
 class FontPlan:
     """The fonts that can draw part of an alphabet, split into the families train and val use and
@@ -164,6 +189,14 @@ class FontPlan:
 
     def families(self, held_out: bool) -> list[str]:
         return sorted({coverage.font.family for coverage in (self.held_out if held_out else self.train)})
+
+    @cached_property  # built in each worker process, on its first sample
+    def train_pool(self) -> FontPool:
+        return FontPool(self.train)
+
+    @cached_property
+    def held_out_pool(self) -> FontPool:
+        return FontPool(self.held_out)
 
 
 @lru_cache(maxsize=None)

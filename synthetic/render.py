@@ -25,7 +25,16 @@ from synthetic.backgrounds import (
     luminance,
     paint,
 )
-from synthetic.fonts import HELD_OUT_FAMILIES, Font, FontCoverage, FontPlan, find_fonts, load_font, plan_fonts
+from synthetic.fonts import (
+    HELD_OUT_FAMILIES,
+    Font,
+    FontCoverage,
+    FontPlan,
+    FontPool,
+    find_fonts,
+    load_font,
+    plan_fonts,
+)
 from synthetic.text import WORDS_FILE, TextSampler, folds_case, load_words, unlabelled_marks
 
 IMAGE_HEIGHT = 32
@@ -37,6 +46,9 @@ TEST_SPLIT = "test"  # rendered with the held-out font families and background s
 # most of them short words at 10 to 60 degrees in an upright box. A share of the short texts is drawn
 # so; a long one at 40 degrees would no longer be a word crop.
 TILT_SHARE, TILT_DEGREES, TILT_MAX_LENGTH = 0.12, (8, 40), 8
+# The crop is fitted to the mask's pixels above 64: a lookup table, which Pillow would otherwise build
+# by calling a function 256 times per sample.
+INK_THRESHOLD = [255 if value > 64 else 0 for value in range(256)]
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,8 @@ class RenderPlan:
     photos: tuple[str, ...] = ()  # photo files for train and val
     held_out_photos: tuple[str, ...] = ()  # for test
 
-    def fonts_for(self, split: str) -> tuple[FontCoverage, ...]:
-        return self.fonts.held_out if split == TEST_SPLIT and self.fonts.held_out else self.fonts.train
+    def fonts_for(self, split: str) -> FontPool:
+        return self.fonts.held_out_pool if split == TEST_SPLIT and self.fonts.held_out else self.fonts.train_pool
 
     def styles_for(self, split: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(background styles, photo files) of `split`."""
@@ -71,14 +83,14 @@ def sample_generators(seed: int, split: str, index: int) -> tuple[random.Random,
     return random.Random(int(sequence.generate_state(1)[0])), np.random.default_rng(sequence)
 
 
-def choose_font(rng: random.Random, fonts: tuple[FontCoverage, ...], label: str) -> FontCoverage | None:
+def choose_font(rng: random.Random, fonts: FontPool, label: str) -> FontCoverage | None:
     """A font that has every character of `label`: a family first (a family of 18 static files is not
     18 times as likely), then one of its files."""
-    candidates = [coverage for coverage in fonts if coverage.draws(label)]
-    if not candidates:
+    drawing = fonts.drawing(label)
+    families = [members & drawing for _, members in fonts.families if members & drawing]
+    if not families:
         return None
-    family = rng.choice(sorted({coverage.font.family for coverage in candidates}))
-    return rng.choice([coverage for coverage in candidates if coverage.font.family == family])
+    return rng.choice(fonts.fonts_in(rng.choice(families)))
 
 
 def vary(font: ImageFont.FreeTypeFont, rng: random.Random) -> str:
@@ -332,7 +344,7 @@ def set_text(plan: RenderPlan, rng: random.Random, split: str) -> Lettering:
     label = plan.text.label(text)
     chosen = choose_font(rng, fonts, label)
     if chosen is None:  # characters no one font has together (mixed scripts): one font's own characters
-        chosen = rng.choice(fonts)
+        chosen = rng.choice(fonts.coverages)
         text = TextSampler(chosen.characters, (), plan.text.max_length).random_string(rng)
         label = plan.text.label(text)
     text = plan.text.punctuate(rng, text, chosen.marks)
@@ -443,7 +455,7 @@ def transform_and_crop(
         kind, coefficients = transform
         canvas = canvas.transform(canvas.size, kind, coefficients, Image.Resampling.BILINEAR)
         mask = mask.transform(mask.size, kind, coefficients, Image.Resampling.BILINEAR)
-    box = mask.point(lambda value: 255 if value > 64 else 0).getbbox() or (
+    box = mask.point(INK_THRESHOLD).getbbox() or (
         frame.margin,
         frame.margin_y,
         frame.width - frame.margin,

@@ -123,7 +123,7 @@ class TextSampler:
     max_length: int
     marks: str = ""  # the MARKS outside the alphabet: drawn, not labelled
 
-    @property
+    @cached_property  # asked for every label
     def fold(self) -> bool:
         return folds_case(self.alphabet)
 

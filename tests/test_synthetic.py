@@ -19,6 +19,8 @@ import pytest
 from PIL import Image
 
 from synthetic.backgrounds import HELD_OUT_STYLES, PACKAGE_PHOTOS, PAINTERS, TRAIN_STYLES, paint
+from synthetic.fonts import Font, FontCoverage, FontPool
+from synthetic.render import choose_font
 from synthetic.text import MARKS, WORDS_FILE, ordinal
 from tests.conftest import read_lmdb, run_env
 
@@ -399,6 +401,33 @@ def test_every_background_style_has_one_painter_and_an_unknown_style_is_named():
             assert 0 <= background.min() and background.max() <= 255
     with pytest.raises(ValueError, match="unknown background style 'nope'"):
         paint("nope", random.Random(0), np.random.default_rng(0), 40, 16, True)
+
+
+def test_the_font_index_chooses_as_a_test_of_every_font_would():
+    # The index replaced testing each font's character set; a seed must keep choosing the same font.
+    def scanning(rng: random.Random, fonts: tuple[FontCoverage, ...], label: str) -> FontCoverage | None:
+        candidates = [coverage for coverage in fonts if coverage.draws(label)]
+        if not candidates:
+            return None
+        family = rng.choice(sorted({coverage.font.family for coverage in candidates}))
+        return rng.choice([coverage for coverage in candidates if coverage.font.family == family])
+
+    draw = random.Random(0)
+    alphabet = "abcdefghij"
+    fonts = []
+    for index in range(70):  # more fonts than a 64-bit mask holds
+        characters = "".join(char for char in alphabet if draw.random() < 0.8)
+        family = f"family {draw.randrange(9)}"
+        fonts.append(FontCoverage(Font(f"/fonts/{index}.ttf", family, "test"), characters, frozenset(characters)))
+    fonts = tuple(fonts)
+    pool = FontPool(fonts)
+    chosen = []
+    for seed in range(3000):
+        label = "".join(draw.choice(alphabet + "z") for _ in range(draw.randint(0, 6)))
+        expected = scanning(random.Random(seed), fonts, label)
+        assert choose_font(random.Random(seed), pool, label) == expected, label
+        chosen.append(expected)
+    assert None in chosen and len({coverage.font.path for coverage in chosen if coverage}) == len(fonts)
 
 
 def stop_signal_handlers() -> tuple:
