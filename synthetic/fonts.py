@@ -173,6 +173,7 @@ class FontPool:
         return mask
 
     def fonts_in(self, mask: int) -> list[FontCoverage]:
+        """The fonts of `mask`, in the pool's order."""
         return [coverage for index, coverage in enumerate(self.coverages) if mask >> index & 1]
 
 
@@ -188,9 +189,9 @@ class FontPlan:
     unusable: tuple[tuple[str | None, str], ...]  # (font, why it is not used)
 
     def families(self, held_out: bool) -> list[str]:
-        return sorted({coverage.font.family for coverage in (self.held_out if held_out else self.train)})
+        return [family for family, _ in (self.held_out_pool if held_out else self.train_pool).families]
 
-    @cached_property  # built in each worker process, on its first sample
+    @cached_property
     def train_pool(self) -> FontPool:
         return FontPool(self.train)
 

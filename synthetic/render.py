@@ -87,7 +87,7 @@ def choose_font(rng: random.Random, fonts: FontPool, label: str) -> FontCoverage
     """A font that has every character of `label`: a family first (a family of 18 static files is not
     18 times as likely), then one of its files."""
     drawing = fonts.drawing(label)
-    families = [members & drawing for _, members in fonts.families if members & drawing]
+    families = [drawn for _, members in fonts.families if (drawn := members & drawing)]
     if not families:
         return None
     return rng.choice(fonts.fonts_in(rng.choice(families)))
