@@ -1,6 +1,6 @@
 """Render a synthetic text-recognition dataset as LMDBs: OUT/train, OUT/val and OUT/test.
 
-    python scripts/make_synthetic.py --out datasets/synth                 # 50,000 train, 2,000 val, 2,000 test
+    python scripts/make_synthetic.py --out datasets/synth                 # 100,000 train, 2,000 val, 2,000 test
     python scripts/make_synthetic.py --out datasets/tiny --train 200 --val 50 --test 50 --overwrite
     python scripts/make_synthetic.py --out datasets/mine --fonts my_fonts/ --backgrounds photos/ --words words.txt
     python scripts/make_synthetic.py --out datasets/cjk --alphabet configs/alphabets/cjk_gb2312_level1.txt
@@ -84,9 +84,7 @@ def write_split(out: Path, seed: int, split: str, count: int, pool: Pool | None,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder that receives train/, val/ and test/")
-    # 50,000 rather than 100,000: on a 2-core CPU without bf16 the README's run is short of minutes, not of
-    # images, and the generator's time goes to training steps instead (configs/crnn.yaml, train.max_minutes).
-    parser.add_argument("--train", type=int, default=50_000, help="training samples (default 50000)")
+    parser.add_argument("--train", type=int, default=100_000, help="training samples (default 100000)")
     parser.add_argument("--val", type=int, default=2_000, help="validation samples (default 2000)")
     parser.add_argument("--test", type=int, default=2_000, help="held-out test samples (default 2000; 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="non-negative; same seed, same bytes")
