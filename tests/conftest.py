@@ -28,6 +28,9 @@ SMALL = [
     "train.tensorboard=false",
 ]
 TORCHRUN_TWO = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+# torchrun stops the other ranks as soon as it sees one exit with an error, and it looks every 0.1 s: a test
+# that every rank reports the same start-up error on its own gives the slower rank 5 s to reach it.
+TORCHRUN_TWO_UNTIL_EACH_FAILS = (*TORCHRUN_TWO, "--monitor-interval=5")
 
 
 def train_small(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TORCHRUN_TWO, run_env
+from conftest import REPO, TORCHRUN_TWO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
 from conftest import train_small as train
 
 from models import model_from_config
@@ -166,7 +166,7 @@ def test_resume_with_another_model_stops_both_torchrun_ranks_before_anything_is_
         tmp_path / "new",
         f"train.resume={tiny_run / 'last.pt'}",
         "model.hidden_size=48",
-        launcher=TORCHRUN_TWO,
+        launcher=TORCHRUN_TWO_UNTIL_EACH_FAILS,
     )
     assert result.returncode != 0
     assert (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, run_env
+from tests.conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
 from training.config import load_config
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
@@ -252,7 +252,7 @@ def test_another_config_in_a_used_run_folder_stops_every_rank_before_training(re
     before = {path.name: path.stat().st_mtime_ns for path in reference.iterdir()}
     lr = load_config("crnn.yaml", []).optim.lr
     output = finish(
-        launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, reference, f"optim.lr={2 * lr}")]),
+        launch([*TORCHRUN_TWO_UNTIL_EACH_FAILS, *train_args(synth, reference, f"optim.lr={2 * lr}")]),
         expect_success=False,
         timeout=120,
     )
