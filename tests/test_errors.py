@@ -262,6 +262,7 @@ def test_the_log_keeps_every_readable_line_before_the_resume_step(tmp_path):
     [
         ("optim.min_lr_ratio=-1", r"optim.min_lr_ratio=-1.0: must be from 0 to 1"),
         ("optim.min_lr_ratio=5", r"optim.min_lr_ratio=5.0: must be from 0 to 1"),
+        ("optim.decay_share=0", r"optim.decay_share=0.0: must be from 1e-06 to 1"),
         ("optim.warmup_steps=-5", r"optim.warmup_steps=-5: must be at least 0"),
         ("data.img_height=0", r"data.img_height=0: must be at least 1"),
         ("data.img_width=0", r"data.img_width=0: must be at least 1"),

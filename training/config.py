@@ -138,7 +138,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 100
     schedule: str = "cosine"  # after the warm-up: an entry of training/optim.py's SCHEDULES
-    min_lr_ratio: float = 0.05  # the cosine schedule ends at lr * min_lr_ratio
+    min_lr_ratio: float = 0.05  # the cosine and wsd schedules end at lr * min_lr_ratio
+    decay_share: float = 0.2  # the wsd schedule decays over this share of the steps after the warm-up
     grad_clip: float = 5.0  # max global gradient norm; 0 disables clipping
     # Validate and save an exponential moving average of the weights with this decay per step; 0: off
     ema_decay: float = 0.0
@@ -617,6 +618,7 @@ def check_ranges(config: Config) -> None:
         "optim.weight_decay": (optim.weight_decay, 0, 1e3),
         "optim.warmup_steps": (optim.warmup_steps, 0, math.inf),
         "optim.min_lr_ratio": (optim.min_lr_ratio, 0, 1),  # below 0 the lr turns negative, above 1 it rises
+        "optim.decay_share": (optim.decay_share, 1e-6, 1),
         "optim.grad_clip": (optim.grad_clip, 0, math.inf),
         "optim.ema_decay": (optim.ema_decay, 0, math.inf),
     }

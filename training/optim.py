@@ -35,11 +35,24 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter], OptimSection], torch.opt
     ),
 }
 
+
+def cosine(progress: float, optim: OptimSection) -> float:
+    """From 1 down to optim.min_lr_ratio along half a cosine."""
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def stable_then_decay(progress: float, optim: OptimSection) -> float:
+    """1 until the last optim.decay_share of the steps, then the cosine down over them
+    ("warmup-stable-decay"). A run that plans its end again (train.max_minutes) moves only the decay: the
+    rate of every step before it stays what it was, where a re-planned cosine jumps (docs/training.md)."""
+    stable = 1 - optim.decay_share
+    return 1.0 if progress <= stable else cosine((progress - stable) / optim.decay_share, optim)
+
+
 # optim.schedule -> the factor of optim.lr after the warm-up, from the share of those steps done (0 to 1).
 SCHEDULES: dict[str, Callable[[float, OptimSection], float]] = {
-    "cosine": lambda progress, optim: (
-        optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    ),
+    "cosine": cosine,
+    "wsd": stable_then_decay,
     "constant": lambda progress, optim: 1.0,
 }
 
