@@ -23,7 +23,14 @@ def learning_rates(config, steps: int) -> list[float]:
 
 def test_the_learning_rate_warms_up_linearly_then_follows_the_schedule():
     config = load_config(
-        "crnn.yaml", ["optim.lr=1.0", "optim.warmup_steps=4", "train.max_steps=14", "optim.min_lr_ratio=0.1"]
+        "crnn.yaml",
+        [
+            "optim.lr=1.0",
+            "optim.warmup_steps=4",
+            "train.max_steps=14",
+            "optim.min_lr_ratio=0.1",
+            "optim.schedule=cosine",
+        ],
     )
     rates = learning_rates(config, 16)
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])

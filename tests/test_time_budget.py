@@ -95,7 +95,9 @@ def test_the_plan_made_again_moves_the_end_only_where_it_would_miss_the_minutes_
 
 
 def test_a_refitted_schedule_ends_annealed_where_the_plan_ends():
-    config = load_config("crnn.yaml", ["optim.lr=1.0", "optim.warmup_steps=10", "optim.min_lr_ratio=0.1"])
+    config = load_config(
+        "crnn.yaml", ["optim.lr=1.0", "optim.warmup_steps=10", "optim.min_lr_ratio=0.1", "optim.schedule=cosine"]
+    )
     optimizer, scheduler = build_optimizer(config.optim, 1000, nn.Linear(2, 2))
     for _ in range(110):
         optimizer.step()
