@@ -26,7 +26,7 @@ from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
 from data.lmdb_writer import write_lmdb
 from data.transforms import build_transform
-from tests.conftest import REPO, run_env
+from tests.conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
 from training.config import ConfigError, load_config, path_keys, validate
 from utils.distributed import join_store, read_env, threads_per_process
 
@@ -226,11 +226,7 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
 def test_under_torchrun_every_rank_refuses_a_contradiction_before_the_rendezvous_and_creates_no_folder(tmp_path):
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
+            *TORCHRUN_TWO_UNTIL_EACH_FAILS,
             "train.py",
             "--config",
             "crnn.yaml",

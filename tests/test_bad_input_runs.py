@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TORCHRUN_TWO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
+from conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
 from conftest import train_small as train
 
 from models import model_from_config
@@ -214,7 +214,7 @@ def test_a_second_run_in_a_busy_folder_is_refused_on_every_rank_naming_the_first
             synth,
             out_dir,
             "train.max_steps=2",
-            launcher=TORCHRUN_TWO,
+            launcher=TORCHRUN_TWO_UNTIL_EACH_FAILS,
         )
     finally:
         lock.file.close()  # as the kernel does when its process dies: the file stays
