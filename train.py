@@ -187,6 +187,8 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
             clock.tick(state.step)
             if state.step == clock.plan_at:
                 plan_the_end(run, clock, log)
+            elif state.plan is not None and clock.plans_again(state.step, state.end):
+                plan_the_end_again(run, clock, log)
         last = state.step == state.end
         if state.step % train.log_every == 0 or last:
             log_training(run, log)
@@ -198,8 +200,6 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
             state.window.restart_clock()
             if clock is not None:
                 clock.validated(time.perf_counter() - validation_started)
-                if state.plan is not None and not last:
-                    last = plan_the_end_again(run, clock, log)
         signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
         if signum or state.step % train.save_every == 0 or last:
             saved = save_training_checkpoint(run)
@@ -227,6 +227,7 @@ def plan_the_end(run: Run, clock: StepClock, log: RunLog) -> None:
     config, setup, state = run.config, run.setup, run.state
     validation_images = sum(len(dataset) for dataset in setup.val_sets)
     pace = Pace.measured(clock.seconds_per_step(), config.train.batch_size, validation_images, config.train.eval_every)
+    clock.expect_validation(pace.seconds_per_validation)
     end = steps_that_fit(pace, clock.seconds_left(config.train.max_minutes), state.step, config.train.max_steps)
     end = broadcast_object(end, group=run.env.cpu_group)
     end_the_run_at(run, end, log)
@@ -243,10 +244,9 @@ def plan_the_end(run: Run, clock: StepClock, log: RunLog) -> None:
     )
 
 
-def plan_the_end_again(run: Run, clock: StepClock, log: RunLog) -> bool:
-    """train.max_minutes, after a validation: the plan made again from every step timed so far and the
-    validation's own time, where the machine's pace has drifted from the first steps'. Whether the run
-    ends at this step."""
+def plan_the_end_again(run: Run, clock: StepClock, log: RunLog) -> None:
+    """train.max_minutes, every REPLAN_EVERY steps: the plan made again from every step timed so far and
+    the last validation's own time, where the machine's pace has drifted from the first steps'."""
     config, state = run.config, run.state
     minutes, pace = config.train.max_minutes, clock.pace_so_far(config.train.eval_every)
     end = end_planned_again(pace, clock.seconds_left(minutes), state.step, state.end, config.train.max_steps, minutes)
@@ -258,7 +258,6 @@ def plan_the_end_again(run: Run, clock: StepClock, log: RunLog) -> bool:
             f"instead of {state.end}, its learning-rate schedule fitted to end there"
         )
         end_the_run_at(run, end, log)
-    return state.step == state.end
 
 
 def end_the_run_at(run: Run, end: int, log: RunLog) -> None:

@@ -14,6 +14,7 @@ from tests.conftest import TORCHRUN_TWO, train_small
 from training.config import load_config
 from training.optim import build_optimizer, fit_schedule
 from training.time_budget import (
+    REPLAN_EVERY,
     ROUND_TO,
     TIMED_STEPS,
     UNTIMED_STEPS,
@@ -80,6 +81,21 @@ def test_the_plan_made_again_counts_every_step_timed_and_the_last_validation():
     assert steps_that_fit(pace, clock.seconds_left(15), clock.step, 13500) == 4000
     # The first plan's pace would have let the run go on to step 5,600.
     assert steps_that_fit(Pace(0.1, 30.0, 2000), clock.seconds_left(15), clock.step, 13500) == 5600
+
+
+def test_the_plan_is_made_again_every_100_steps_and_reckons_the_validation_it_has_not_timed():
+    now = 0.0
+    clock = StepClock(0, now=lambda: now)
+    # From the first plan (after step 250) to the end, whether or not a validation comes first.
+    assert [step for step in range(1, 1001) if clock.plans_again(step, end=1000)] == list(range(300, 1000, 100))
+    assert REPLAN_EVERY == 100
+    for _ in range(UNTIMED_STEPS + TIMED_STEPS):
+        now += 0.1
+        clock.tick(clock.step + 1)
+    clock.expect_validation(12.0)  # the first plan's estimate: no validation timed yet
+    assert clock.pace_so_far(eval_every=2000).seconds_per_validation == 12.0
+    clock.validated(30.0)
+    assert clock.pace_so_far(eval_every=2000).seconds_per_validation == 30.0
 
 
 def test_the_plan_made_again_moves_the_end_only_where_it_would_miss_the_minutes_by_more_than_2_percent():
@@ -188,14 +204,14 @@ def test_a_plan_that_ends_the_run_inside_its_warm_up_says_so(synth, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_within_its_minutes_plans_again_at_each_validation_and_keeps_its_end(synth, tmp_path):
-    """The plan made again after the validation at step 300, on both processes (a collective): all 400
-    steps still fit an hour, so the end stays, and the schedule with it."""
+def test_a_run_within_its_minutes_plans_again_before_any_validation_and_keeps_its_end(synth, tmp_path):
+    """The plan made again at step 300, on both processes (a collective), with no validation before the
+    end: all 400 steps still fit an hour, so the end stays, and the schedule with it."""
     out_dir = tmp_path / "run"
     overrides = (
         "train.max_steps=400",
         "train.max_minutes=60",
-        "train.eval_every=300",
+        "train.eval_every=1000",
         "train.log_every=10",
         "optim.warmup_steps=100",  # warmed up before the end, so that the end is annealed
     )
@@ -208,5 +224,5 @@ def test_a_run_within_its_minutes_plans_again_at_each_validation_and_keeps_its_e
     validated = [
         json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' in line
     ]
-    assert validated == [300, 400]
+    assert validated == [400]
     assert last_train_record(out_dir)["lr"] == pytest.approx(RECIPE.lr * RECIPE.min_lr_ratio)  # annealed at step 400

@@ -150,8 +150,8 @@ class TrainConfig:
     batch_size: int = 32  # global: across all processes; each takes batch_size / world_size
     max_steps: int = resumable(1000)  # optimizer steps
     # Minutes the training loop may take on this machine: fewer steps than max_steps when they would not fit,
-    # the learning-rate schedule fitted to them, planned from the pace of the first steps and again after
-    # each validation (training/time_budget.py); null: max_steps, however long they take
+    # the learning-rate schedule fitted to them, planned from the pace of the first steps and again every
+    # 100 steps (training/time_budget.py); null: max_steps, however long they take
     max_minutes: float | None = resumable(None)
     eval_every: int = resumable(250)
     log_every: int = resumable(50)

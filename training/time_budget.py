@@ -3,15 +3,16 @@
 The loop times its first steps (`UNTIMED_STEPS` left out, then `TIMED_STEPS`), and from their pace plans
 the step the run ends at: train.max_steps when they fit, else as many as do, the learning-rate schedule
 fitted to end there (training/optim.py). A cosine schedule cut short by a clock would stop at a high
-learning rate; fitted, the shorter run still ends annealed. At each validation after that the plan is
-made again from every step timed so far and the validation's own time: a machine whose speed drifted
-after the first steps (CPUs here moved +-20 % from minute to minute) ends nearer its minutes. A plan is
+learning rate; fitted, the shorter run still ends annealed. Every `REPLAN_EVERY` steps after that the
+plan is made again from every step timed so far and the last validation's own time: a machine whose
+speed drifted after the first steps (CPUs here moved +-20 % from minute to minute) ends nearer its
+minutes, whether or not it validates before its end. A plan is
 made on rank 0 and is every rank's; a checkpoint keeps it (`Plan.to_dict`), and a resume under the same
 train.max_minutes and train.max_steps goes on to the planned step, wherever it runs.
 
 What it counts: the training loop, validations and checkpoints included, from its first step; not the
-start-up before it, nor what ran before train.py. It is a plan, not a deadline: what drifts after the
-last validation, and the last one itself, end the run early or late by as much.
+start-up before it, nor what ran before train.py. It is a plan, not a deadline: what drifts in the last
+`REPLAN_EVERY` steps, and the last validation itself, end the run early or late by as much.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ TIMED_STEPS = 200
 # A plan that cuts ends on a round step, as a person would set train.max_steps (and the logs and the
 # checkpoints' numbers line up with it); it leaves at most that many steps' time unused.
 ROUND_TO = 100
+# How often the plan is made again: each time a collective (rank 0's plan is every rank's), so not every
+# step; 100 steps are 20 to 40 s on the 2-core CPUs measured, a few hundredths of their minutes.
+REPLAN_EVERY = 100
 # A plan made again moves the end only where the one it has would miss the minutes by more than this share
 # of them (18 s of 15 minutes): less is the clock's own noise, and each move jumps the learning rate a little.
 REPLAN_TOLERANCE = 0.02
@@ -109,13 +113,22 @@ class StepClock:
         self.timing_started = self.started
         self.step = first_step
         self.validating = 0.0  # seconds spent validating since the timing started
-        self.last_validation = 0.0
+        self.last_validation = 0.0  # the first plan's estimate until a validation is timed (`expect_validation`)
 
     def tick(self, step: int) -> None:
         """Call after each step, with the number of steps taken."""
         self.step = step
         if step == self.timed_from:
             self.timing_started = self.now()
+
+    def plans_again(self, step: int, end: int) -> bool:
+        """Whether the plan is made again after `step`: every `REPLAN_EVERY` steps after the first plan,
+        until the planned `end`."""
+        return self.plan_at < step < end and step % REPLAN_EVERY == 0
+
+    def expect_validation(self, seconds: float) -> None:
+        """The first plan's estimate of a validation, for the plans made before one is timed."""
+        self.last_validation = seconds
 
     def validated(self, seconds: float) -> None:
         """Call after each validation, with the seconds it took."""
@@ -129,7 +142,7 @@ class StepClock:
 
     def pace_so_far(self, eval_every: int) -> Pace:
         """What every step since the timing started cost, validations apart, and what the last validation
-        took: for the plans made again."""
+        took (or, before one is timed, the first plan's estimate): for the plans made again."""
         stepping = self.now() - self.timing_started - self.validating
         return Pace(stepping / max(1, self.step - self.timed_from), self.last_validation, eval_every)
 
