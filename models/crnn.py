@@ -1,5 +1,6 @@
 """CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
-Its parts shared with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
+`lstm_layers=0` leaves the BiLSTMs out: each frame is classified from its own column of CNN features
+(Rosetta's CNN + CTC). Its parts shared with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
 
 from __future__ import annotations
 
@@ -54,13 +55,16 @@ class CRNN(nn.Module):
         lstm_layers: int = 2,
     ) -> None:
         super().__init__()
-        if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 1:
-            raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 1 (an integer; the paper has 2)")
+        if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 0:
+            raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 0 (an integer; the paper has 2)")
         self.backbone = vgg_backbone(in_channels, tuple(channels))
-        sizes = [channels[-1]] + [hidden_size] * (lstm_layers - 1) + [num_classes]
-        self.sequence = nn.Sequential(
-            *(BidirectionalLSTM(inputs, hidden_size, outputs) for inputs, outputs in zip(sizes, sizes[1:]))
-        )
+        if lstm_layers == 0:  # `sequence.0` still: the classifier's key is the last BiLSTM's projection's
+            self.sequence = nn.Sequential(nn.Linear(channels[-1], num_classes))
+        else:
+            sizes = [channels[-1]] + [hidden_size] * (lstm_layers - 1) + [num_classes]
+            self.sequence = nn.Sequential(
+                *(BidirectionalLSTM(inputs, hidden_size, outputs) for inputs, outputs in zip(sizes, sizes[1:]))
+            )
 
     def forward(self, images: Tensor) -> Tensor:
         # The backbone pools 32 rows down to one, and needs 4 columns to leave one frame.

@@ -79,8 +79,28 @@ def test_lstm_layers_sets_how_many_bilstms_read_the_frames():
         assert [module.out_features for module in model.modules() if isinstance(module, torch.nn.Linear)] == [64] * (
             layers - 1
         ) + [37]
-    with pytest.raises(ValueError, match=r"model.lstm_layers=0: must be at least 1"):
-        build_model("crnn", 37, 1, 64, lstm_layers=0)
+    with pytest.raises(ValueError, match=r"model.lstm_layers=-1: must be at least 0"):
+        build_model("crnn", 37, 1, 64, lstm_layers=-1)
+
+
+def test_no_lstm_classifies_each_frame_from_the_backbone_alone():
+    """lstm_layers=0: every frame's classes from its own column of backbone features (Rosetta's CNN + CTC),
+    so changing the image far to the left of a frame's receptive field leaves that frame's logits alone."""
+    model = build_model("crnn", 37, 1, 64, channels=(4, 4, 8, 8, 8, 8, 16), lstm_layers=0).eval()
+    assert not any(isinstance(module, torch.nn.LSTM) for module in model.modules())
+    assert [(layer.in_features, layer.out_features) for layer in model.sequence] == [(16, 37)]
+    images = torch.randn(1, 1, 32, 256)
+    changed = images.clone()
+    changed[..., :16] = 0.0
+    with torch.no_grad():
+        logits, logits_changed = model(images), model(changed)
+    assert logits.shape == (1, 65, 37)
+    assert torch.equal(logits[:, -20:], logits_changed[:, -20:])
+    assert not torch.equal(logits[:, :2], logits_changed[:, :2])
+    # With a BiLSTM, every frame reads the whole line.
+    with torch.no_grad():
+        recurrent = build_model("crnn", 37, 1, 64, channels=(4, 4, 8, 8, 8, 8, 16), lstm_layers=1).eval()
+        assert not torch.equal(recurrent(images)[:, -20:], recurrent(changed)[:, -20:])
 
 
 def test_only_models_init_imports_the_crnn_so_a_fork_can_delete_it():
