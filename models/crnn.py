@@ -1,6 +1,7 @@
 """CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
 `lstm_layers=0` leaves the BiLSTMs out: each frame is classified from its own column of CNN features
-(Rosetta's CNN + CTC). Its parts shared with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
+(Rosetta's CNN + CTC). Its parts shared with other architectures (the VGG table, the BiLSTM) are in
+models/layers.py."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class CRNN(nn.Module):
         if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 0:
             raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 0 (an integer; the paper has 2)")
         self.backbone = vgg_backbone(in_channels, tuple(channels))
-        if lstm_layers == 0:  # `sequence.0` still: the classifier's key is the last BiLSTM's projection's
+        if lstm_layers == 0:  # the classifier alone, where the BiLSTMs would be
             self.sequence = nn.Sequential(nn.Linear(channels[-1], num_classes))
         else:
             sizes = [channels[-1]] + [hidden_size] * (lstm_layers - 1) + [num_classes]
