@@ -1,7 +1,7 @@
 """CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
 `lstm_layers=0` leaves the BiLSTMs out: each frame is classified from its own column of CNN features
-(Rosetta's CNN + CTC). Its parts shared with other architectures (the VGG table, the BiLSTM) are in
-models/layers.py."""
+(Rosetta's CNN + CTC); `cnn_shortcut=True` adds that classifier beside the BiLSTMs'. Its parts shared
+with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
 
 from __future__ import annotations
 
@@ -54,10 +54,18 @@ class CRNN(nn.Module):
         hidden_size: int = 256,
         channels: tuple[int, ...] = VGG_CHANNELS,
         lstm_layers: int = 2,
+        cnn_shortcut: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 0:
             raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 0 (an integer; the paper has 2)")
+        if not isinstance(cnn_shortcut, bool):
+            raise ValueError(f"model.cnn_shortcut={cnn_shortcut!r}: must be true or false")
+        if cnn_shortcut and lstm_layers == 0:
+            raise ValueError(
+                "model.cnn_shortcut=true adds a classifier of the backbone's features beside the BiLSTMs', and "
+                "model.lstm_layers=0 has no BiLSTM: that classifier is already the whole head; drop one of the two"
+            )
         self.backbone = vgg_backbone(in_channels, tuple(channels))
         if lstm_layers == 0:  # the classifier alone, where the BiLSTMs would be
             self.sequence = nn.Sequential(nn.Linear(channels[-1], num_classes))
@@ -66,6 +74,10 @@ class CRNN(nn.Module):
             self.sequence = nn.Sequential(
                 *(BidirectionalLSTM(inputs, hidden_size, outputs) for inputs, outputs in zip(sizes, sizes[1:]))
             )
+        # Each frame's classes from its own column of backbone features, added to the BiLSTMs': the
+        # convolutions then learn characters from the first steps, through a path the LSTM's slow start
+        # does not block, and CTC leaves its all-blank plateau hundreds of steps sooner (docs/real-text.md).
+        self.shortcut = nn.Linear(channels[-1], num_classes) if cnn_shortcut else None
 
     def forward(self, images: Tensor) -> Tensor:
         # The backbone pools 32 rows down to one, and needs 4 columns to leave one frame.
@@ -76,4 +88,6 @@ class CRNN(nn.Module):
         features = self.backbone(images)  # [B, channels[-1], 1, T]
         features = features.squeeze(2).permute(2, 0, 1)  # [T, B, channels[-1]]
         logits = self.sequence(features)  # [T, B, num_classes]
+        if self.shortcut is not None:
+            logits = logits + self.shortcut(features)
         return logits.transpose(0, 1)  # [B, T, num_classes]

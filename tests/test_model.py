@@ -103,6 +103,37 @@ def test_no_lstm_classifies_each_frame_from_the_backbone_alone():
         assert not torch.equal(recurrent(images)[:, -20:], recurrent(changed)[:, -20:])
 
 
+def test_cnn_shortcut_adds_each_frames_own_classes_to_the_bilstms():
+    """model.cnn_shortcut: a classifier of each frame's own column of backbone features, added to the BiLSTM's
+    output. Off, the model and its state dict keys are the ones older checkpoints hold."""
+    channels = (4, 4, 8, 8, 8, 8, 16)
+    torch.manual_seed(0)
+    plain = build_model("crnn", 37, 1, 64, channels=channels, lstm_layers=1).eval()
+    torch.manual_seed(0)
+    model = build_model("crnn", 37, 1, 64, channels=channels, lstm_layers=1, cnn_shortcut=True).eval()
+    assert set(model.state_dict()) - set(plain.state_dict()) == {"shortcut.weight", "shortcut.bias"}
+    assert (model.shortcut.in_features, model.shortcut.out_features) == (16, 37)
+    images = torch.randn(1, 1, 32, 256)
+    changed = images.clone()
+    changed[..., :16] = 0.0
+    with torch.no_grad():
+        shortcut_logits = model.shortcut(model.backbone(images).squeeze(2).transpose(1, 2))
+        torch.testing.assert_close(model(images), plain(images) + shortcut_logits)
+        # With the BiLSTM's projection at zero, what is left is the shortcut: each frame reads its own
+        # column, so a change far to the left of the last frames leaves their logits alone.
+        model.sequence[-1].linear.weight.zero_()
+        model.sequence[-1].linear.bias.zero_()
+        assert torch.equal(model(images)[:, -20:], model(changed)[:, -20:])
+        assert not torch.equal(model(images)[:, :2], model(changed)[:, :2])
+    model.train()
+    model(torch.randn(2, 1, 32, 100)).logsumexp(-1).sum().backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    with pytest.raises(ValueError, match=r"model.cnn_shortcut=true .* model.lstm_layers=0 has no BiLSTM"):
+        build_model("crnn", 37, 1, 64, lstm_layers=0, cnn_shortcut=True)
+    with pytest.raises(ValueError, match=r"model.cnn_shortcut='yes': must be true or false"):
+        build_model("crnn", 37, 1, 64, cnn_shortcut="yes")
+
+
 def test_only_models_init_imports_the_crnn_so_a_fork_can_delete_it():
     """models/__init__.py's promise: dropping models/crnn.py is its one import line there, plus model.arch's
     default; what other architectures and the weight importer share with it lives in models/layers.py."""
