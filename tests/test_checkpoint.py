@@ -76,11 +76,15 @@ def test_init_from_a_checkpoint_without_an_alphabet_leaves_the_classifier_fresh(
         target = small_model(ALPHABET)
         torch.manual_seed(1)
         target.sequence[-1].linear.reset_parameters()
-        fresh = target.sequence[-1].linear.weight.clone()
+        target.shortcut.reset_parameters()
+        fresh, fresh_shortcut = target.sequence[-1].linear.weight.clone(), target.shortcut.weight.clone()
         report = load_initial_weights(target, path, alphabet=ALPHABET)
         last = f"sequence.{len(target.sequence) - 1}.linear"
-        assert f"{last}.weight, {last}.bias: fresh; the checkpoint records no alphabet" in report
+        # crnn.yaml's model has two linear layers onto the classes: the BiLSTM's projection and the cnn_shortcut.
+        classifier = f"{last}.weight, {last}.bias, shortcut.weight, shortcut.bias"
+        assert f"{classifier}: fresh; the checkpoint records no alphabet" in report
         torch.testing.assert_close(target.sequence[-1].linear.weight, fresh)
+        torch.testing.assert_close(target.shortcut.weight, fresh_shortcut)
         torch.testing.assert_close(target.backbone[0].weight, source.backbone[0].weight)
 
 
@@ -97,11 +101,11 @@ def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path
         " fresh; 4 characters of the checkpoint's alphabet not in data.alphabet dropped"
     ) in report
     assert "re-initialised" not in report
-    new, old = target.sequence[-1].linear, source.sequence[-1].linear
-    for new_row, old_row in [(0, 0), (1, 6), (3, 1)]:  # blank; z: 6th of abcxyz; a: 1st
-        torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
-        torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
-    torch.testing.assert_close(new.weight[2], fresh_q)  # q is new: left as initialised
+    for new, old in [(target.sequence[-1].linear, source.sequence[-1].linear), (target.shortcut, source.shortcut)]:
+        for new_row, old_row in [(0, 0), (1, 6), (3, 1)]:  # blank; z: 6th of abcxyz; a: 1st
+            torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
+            torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
+    torch.testing.assert_close(target.sequence[-1].linear.weight[2], fresh_q)  # q is new: left as initialised
 
 
 def test_init_from_a_reordered_alphabet_of_the_same_size_moves_rows_by_character(tmp_path):
@@ -113,10 +117,10 @@ def test_init_from_a_reordered_alphabet_of_the_same_size_moves_rows_by_character
     tensors = len(target.state_dict())
     assert f"loaded {tensors} of {tensors} tensors" in report
     assert "2 copied in place (the blank included), 2 moved, 0 new characters" in report
-    new, old = target.sequence[-1].linear, source.sequence[-1].linear
-    for new_row, old_row in [(0, 0), (1, 3), (2, 2), (3, 1)]:  # blank; c; b stays; a
-        torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
-        torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
+    for new, old in [(target.sequence[-1].linear, source.sequence[-1].linear), (target.shortcut, source.shortcut)]:
+        for new_row, old_row in [(0, 0), (1, 3), (2, 2), (3, 1)]:  # blank; c; b stays; a
+            torch.testing.assert_close(new.weight[new_row], old.weight[old_row])
+            torch.testing.assert_close(new.bias[new_row], old.bias[old_row])
 
 
 def test_refuses_pickles_that_could_run_code(tmp_path):

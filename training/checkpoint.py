@@ -202,13 +202,26 @@ def load_model(
 
 
 def classifier_keys(state_dict: dict[str, torch.Tensor], num_classes: int) -> list[str]:
-    """The output layer's tensors, those with one row per class (blank first): the last module of the
-    state dict whose tensors have `num_classes` rows. [] if there is none."""
+    """The output layers' tensors, those with one row per class (blank first): the last module of the
+    state dict whose tensors have `num_classes` rows, and every linear layer onto the classes (a 2-D
+    `weight` and a `bias`, both of `num_classes` rows), such as the CRNN's `cnn_shortcut` beside its
+    BiLSTM's projection. [] if there is none. Only the last module is taken whatever its kind: a BatchNorm
+    or an LSTM whose width happens to equal `num_classes` is not a linear layer, and not taken."""
     rows = [key for key, value in state_dict.items() if value.ndim and value.shape[0] == num_classes]
     if not rows:
         return []
-    module = rows[-1].rpartition(".")[0]
-    return [key for key in rows if key.rpartition(".")[0] == module]
+    modules = {key.rpartition(".")[0] for key in rows}
+
+    def onto_the_classes(module: str) -> bool:
+        tensors = {key.rpartition(".")[2]: value for key, value in state_dict.items() if key.startswith(f"{module}.")}
+        return (
+            tensors.keys() == {"weight", "bias"}
+            and tensors["weight"].ndim == 2
+            and tensors["weight"].shape[0] == tensors["bias"].shape[0] == num_classes
+        )
+
+    taken = {module for module in modules if module == rows[-1].rpartition(".")[0] or onto_the_classes(module)}
+    return [key for key in rows if key.rpartition(".")[0] in taken]
 
 
 def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, config: Config | None = None) -> str:
