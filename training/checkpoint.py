@@ -210,18 +210,20 @@ def classifier_keys(state_dict: dict[str, torch.Tensor], num_classes: int) -> li
     rows = [key for key, value in state_dict.items() if value.ndim and value.shape[0] == num_classes]
     if not rows:
         return []
-    modules = {key.rpartition(".")[0] for key in rows}
+    tensors_of: dict[str, dict[str, torch.Tensor]] = {}  # module -> its own tensors by name, not its children's
+    for key, value in state_dict.items():
+        module, _, name = key.rpartition(".")
+        tensors_of.setdefault(module, {})[name] = value
 
-    def onto_the_classes(module: str) -> bool:
-        tensors = {key.rpartition(".")[2]: value for key, value in state_dict.items() if key.startswith(f"{module}.")}
+    def onto_the_classes(tensors: dict[str, torch.Tensor]) -> bool:
         return (
             tensors.keys() == {"weight", "bias"}
             and tensors["weight"].ndim == 2
             and tensors["weight"].shape[0] == tensors["bias"].shape[0] == num_classes
         )
 
-    taken = {module for module in modules if module == rows[-1].rpartition(".")[0] or onto_the_classes(module)}
-    return [key for key in rows if key.rpartition(".")[0] in taken]
+    last = rows[-1].rpartition(".")[0]
+    return [key for key in rows if (module := key.rpartition(".")[0]) == last or onto_the_classes(tensors_of[module])]
 
 
 def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, config: Config | None = None) -> str:
