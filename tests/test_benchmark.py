@@ -138,3 +138,38 @@ def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_p
     if len(candidates) > 1:
         assert "train loop, images/s, side by side" in result.stdout
         assert re.search(rf"train.precision=auto resolves to +{results['precision']} \(", result.stdout)
+
+
+@pytest.mark.slow
+def test_loading_only_measures_the_loader_with_its_workers_and_no_step(synth, tmp_path):
+    json_path = tmp_path / "loading.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "tools/benchmark.py",
+            "--config",
+            "crnn.yaml",
+            "--loading-only",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(json_path),
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            "train.batch_size=8",
+            "data.num_workers=2",
+        ],
+        cwd=REPO,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(json_path.read_text())
+    assert results["num_workers_per_process"] == 2 and results["global_batch"] == 8
+    assert results["data_loading_images_per_s"]["total"] > 0
+    assert "data loading, images/s" in result.stdout and "loop / floor" not in result.stdout
+    assert "train_images_per_s" not in results  # no training step was timed

@@ -67,6 +67,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=5, help="untimed steps before the first round of each measurement"
     )
+    parser.add_argument(
+        "--loading-only",
+        action="store_true",
+        help="measure data loading alone (decode, transform, collate with data.num_workers): no training step",
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"), help="where to write the results")
     args = parser.parse_args()
     options = {
@@ -155,7 +160,10 @@ def main() -> None:
     config = load_run_config(args.config, args.overrides)
     env = setup_distributed(config.device_ids, config.train.threads)
     try:
-        results = benchmark(config, env, steps=args.steps, warmup=args.warmup, compare=args.precision is None)
+        if args.loading_only:
+            results = loading(config, env, steps=args.steps, warmup=args.warmup)
+        else:
+            results = benchmark(config, env, steps=args.steps, warmup=args.warmup, compare=args.precision is None)
         if env.is_main:
             report(results, args.json)
     finally:
@@ -199,6 +207,25 @@ def benchmark(config: Config, env: DistEnv, *, steps: int, warmup: int, compare:
         "matmul_gflops_per_s_per_process": chosen["matmul_gflops_per_s_per_process"],
         "peak_rss_mib_rank0": measured["peak_rss_mib_rank0"],
         "cuda_max_allocated_mib_rank0": measured["cuda_max_allocated_mib_rank0"],
+        "torch": str(torch.__version__),
+    }
+
+
+def loading(config: Config, env: DistEnv, *, steps: int, warmup: int) -> dict[str, Any]:
+    """Data loading alone, as `measure` times it, for sweeping data.num_workers without the training step."""
+    setup = build_setup(config, env, print if env.is_main else lambda _: None)
+    setup.sampler.set_steps(0, 10**9)
+    batches = iter(setup.loader)
+    per_process = timed_images_per_second(
+        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
+    )
+    return {
+        "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
+        "processes": env.world_size,
+        "num_workers_per_process": config.data.num_workers,
+        "global_batch": config.train.batch_size,
+        "augment": config.data.augment,
+        "data_loading_images_per_s": summed_over_processes({"data_loading": per_process})["data_loading"],
         "torch": str(torch.__version__),
     }
 
@@ -311,10 +338,10 @@ def rate(images_per_s: dict[str, float], processes: int) -> str:
 
 def report(results: dict, json_path: Path) -> None:
     """Print the table, with every precision side by side when several were measured, and write the JSON."""
-    rows = summary_rows(results)
-    if len(results["by_precision"]) > 1:
+    rows = summary_rows(results) if "by_precision" in results else loading_rows(results)
+    if len(results.get("by_precision", ())) > 1:
         rows += [("", ""), *side_by_side_rows(results)]
-    if results["cuda_max_allocated_mib_rank0"]:
+    if results.get("cuda_max_allocated_mib_rank0"):
         rows.append(("CUDA max allocated, rank 0", f"{results['cuda_max_allocated_mib_rank0']:.0f} MiB"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
@@ -351,6 +378,15 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
         ("effective train GFLOP/s", f"{results['effective_train_gflops_per_s']:.1f}"),
         ("matmul GFLOP/s per process", f"{results['matmul_gflops_per_s_per_process']:.1f}"),
         ("peak RSS, rank 0", f"{results['peak_rss_mib_rank0']:.0f} MiB"),
+    ]
+
+
+def loading_rows(results: dict) -> list[tuple[str, str]]:
+    return [
+        ("device", f"{results['device']}, {results['processes']} process(es)"),
+        ("loader workers per process, augment", f"{results['num_workers_per_process']}, {results['augment']}"),
+        ("global batch", str(results["global_batch"])),
+        ("data loading, images/s", rate(results["data_loading_images_per_s"], results["processes"])),
     ]
 
 

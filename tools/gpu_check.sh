@@ -3,79 +3,109 @@
 # configurations, and a short real training run, in one report (Markdown + JSON) with the device and
 # the versions. On a machine without CUDA it says so and exits 0, having run nothing.
 #
-#   tools/gpu_check.sh                  # -> runs/gpu_check/report.md and report.json
-#   OUT=/tmp/check STEPS=500 tools/gpu_check.sh
+#   tools/gpu_check.sh                                  # -> runs/gpu_check/report.md and report.json
+#   OUT=/tmp/check DATA=/nvme/synth STEPS=500 tools/gpu_check.sh
 #
-# It installs nothing: run it in the environment of the README's second command (requirements-dev.txt),
-# which holds what the lane and the benchmark need. The data is the built-in synthetic set
-# (datasets/synth, rendered here if missing: no downloads).
-set -euo pipefail
+# What it measures, at a GPU-sized global batch (BATCH, default 512), in bf16 and fp32:
+# - the default network (configs/crnn.yaml) and the paper's (its widths, two BiLSTMs of 256): the
+#   training loop, its compute floor and loop/floor (benchmark.py, one process, WORKERS loader workers);
+# - data loading alone at 2 to 16 workers (benchmark.py --loading-only);
+# - two processes sharing the GPU over gloo (device_ids=[0,0]) against one, default network, bf16;
+# - a STEPS-step training run at BATCH, then scripts/eval.sh at batch 1 and at BATCH (images/s).
+# It installs nothing: run it in the environment of the README's second command (requirements-dev.txt).
+# The data is DATA/train, DATA/val and DATA/test (default datasets/synth, rendered if missing: no
+# downloads); put it on the machine's local disk. Each step is bounded by STEP_TIMEOUT seconds; a
+# step that fails is marked in the report and the others still run.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
-STEPS=${STEPS:-300}  # steps of the short training run
+DATA=${DATA:-datasets/synth}
+STEPS=${STEPS:-300}
+BATCH=${BATCH:-512}
+WORKERS=${WORKERS:-8}
+STEP_TIMEOUT=${STEP_TIMEOUT:-1800}
 
 if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: CUDA is not available on this machine (torch.cuda.is_available() is False): nothing was run"
     exit 0
 fi
 mkdir -p "$OUT"
-if [ ! -f datasets/synth/train/data.mdb ]; then
-    python scripts/make_synthetic.py --out datasets/synth --workers "$(nproc)"
+if [ ! -f "$DATA/train/data.mdb" ]; then
+    python scripts/make_synthetic.py --out "$DATA" --workers "$(nproc)" || exit 1
 fi
+data=("data.train=[$DATA/train]" "data.val=[$DATA/val]")
+paper=("model.channels=[64,128,256,256,512,512,512]" model.hidden_size=256 model.lstm_layers=2 model.cnn_shortcut=false)
+failed=()
+step() {  # step NAME COMMAND...: run it bounded, its output in OUT/NAME.txt; note a failure and go on
+    local name=$1
+    shift
+    echo "== $name"
+    local start=$SECONDS
+    timeout "$STEP_TIMEOUT" "$@" > "$OUT/$name.txt" 2>&1 || failed+=("$name")
+    tail -n 25 "$OUT/$name.txt"
+    echo "($name: $((SECONDS - start)) s)"
+}
+benchmark() {  # benchmark NAME PRECISION [OVERRIDE...]: benchmark.py at the GPU batch, its JSON beside its output
+    local name=$1 precision=$2
+    shift 2
+    step "$name" python tools/benchmark.py --config crnn.yaml --batch-size "$BATCH" --precision "$precision" \
+        --steps 40 --warmup 10 --json "$OUT/$name.json" "${data[@]}" "data.num_workers=$WORKERS" "$@"
+}
 
-status=0
-echo "== the CUDA test lane"
-python -m pytest -q -m cuda -rs -p no:cacheprovider --junitxml "$OUT/cuda_lane.xml" | tee "$OUT/cuda_lane.txt" || status=1
+xdist=()
+python -c "import xdist" 2> /dev/null && xdist=(-n 4)  # the lane's runs are small: four at a time fit one GPU
+step cuda_lane python -m pytest -q -m cuda -rs -p no:cacheprovider "${xdist[@]}" --junitxml "$OUT/cuda_lane.xml"
 
-echo "== benchmark.py: the training loop, its compute floor, data loading"
 for precision in bf16 fp32; do
-    for batch in 256 1024; do
-        python tools/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision "$precision" \
-            --batch-size "$batch" data.num_workers=8 --json "$OUT/benchmark_${precision}_${batch}.json" \
-            | tee "$OUT/benchmark_${precision}_${batch}.txt" || status=1
-    done
+    benchmark "benchmark_default_$precision" "$precision"
+    benchmark "benchmark_paper_$precision" "$precision" "${paper[@]}"
 done
-for workers in 1 2 4 8 16; do
-    python tools/benchmark.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" --precision bf16 --batch-size 512 \
-        "data.num_workers=$workers" --json "$OUT/benchmark_workers_${workers}.json" \
-        > "$OUT/benchmark_workers_${workers}.txt" || status=1
+for workers in 2 4 8 16; do
+    step "loading_workers_$workers" python tools/benchmark.py --config crnn.yaml --loading-only --batch-size "$BATCH" \
+        --steps 40 --warmup 10 --json "$OUT/loading_workers_$workers.json" "${data[@]}" "data.num_workers=$workers"
+done
+step benchmark_default_bf16_2proc python -m torch.distributed.run --standalone --nproc_per_node=2 tools/benchmark.py \
+    --config crnn.yaml --batch-size "$BATCH" --precision bf16 --steps 40 --warmup 10 \
+    --json "$OUT/benchmark_default_bf16_2proc.json" "${data[@]}" "data.num_workers=$((WORKERS / 2))" "device_ids=[0,0]"
+
+step train python train.py --config crnn.yaml "${data[@]}" "train.batch_size=$BATCH" "train.max_steps=$STEPS" \
+    train.max_minutes=null "train.eval_every=$STEPS" "train.out_dir=$OUT/train" train.overwrite=true \
+    train.tensorboard=false "data.num_workers=$WORKERS"
+for eval_batch in 1 "$BATCH"; do
+    step "eval_batch_$eval_batch" bash scripts/eval.sh "$OUT/train/best.pt" "$DATA/val" "$DATA/test" \
+        --batch-size "$eval_batch" --json "$OUT/eval_batch_$eval_batch.json"
 done
 
-echo "== a short training run ($STEPS steps)"
-python train.py --config crnn.yaml "model.channels=[64,128,256,256,512,512,512]" train.batch_size=512 "train.max_steps=$STEPS" \
-    train.eval_every="$STEPS" train.out_dir="$OUT/train" train.overwrite=true data.num_workers=8 \
-    > "$OUT/train.txt" 2>&1 || status=1
-scripts/eval.sh "$OUT/train/best.pt" datasets/synth/val datasets/synth/test --json "$OUT/eval.json" \
-    | tee "$OUT/eval.txt" || status=1
-
-python - "$OUT" "$status" <<'PY'
-import json, platform, subprocess, sys
+python - "$OUT" "${failed[@]}" <<'PY'
+import json, os, platform, shutil, subprocess, sys
 from pathlib import Path
 
 import torch
 
-out, status = Path(sys.argv[1]), int(sys.argv[2])
+out, failed = Path(sys.argv[1]), sys.argv[2:]
+text = {path.stem: path.read_text(errors="replace").strip() for path in sorted(out.glob("*.txt"))}
 report = {
     "device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
     "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
     "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip(),
-    "python": platform.python_version(), "cpus": len(__import__("os").sched_getaffinity(0)),
-    "lane": (out / "cuda_lane.txt").read_text().strip().splitlines()[-1:],
-    "benchmarks": {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("benchmark_*.json"))},
-    "evaluation": json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else None,
-    "passed": status == 0,
+                             capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?",
+    "python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
+    "lane": text.get("cuda_lane", "").splitlines()[-1:],
+    "benchmarks": {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))},
+    "eval_images_per_s": {name: next((line for line in text[name].splitlines() if "images/s" in line), None)
+                          for name in text if name.startswith("eval_batch_")},
+    "failed": failed,
 }
 (out / "report.json").write_text(json.dumps(report, indent=1))
 lines = [f"# GPU check: {report['device']} x {report['gpus']}", "",
          f"torch {report['torch']}, CUDA {report['cuda']}, cuDNN {report['cudnn']}, driver {report['driver']}, "
          f"Python {report['python']}, {report['cpus']} CPU cores", "",
-         f"CUDA lane: {' '.join(report['lane'])}", "", "## benchmark.py", ""]
-for name in report["benchmarks"]:
-    lines += [f"### {name}", "", "```", (out / f"{name}.txt").read_text().strip(), "```", ""]
-lines += ["## Short training run", "", "```", (out / "eval.txt").read_text().strip() if (out / "eval.txt").is_file()
-          else "(no evaluation)", "```", "", "all steps passed" if status == 0 else "SOME STEPS FAILED: see the files"]
+         f"CUDA lane: {' '.join(report['lane'])}", ""]
+for name, output in text.items():
+    if name != "cuda_lane":
+        lines += [f"## {name}", "", "```", "\n".join(output.splitlines()[-25:]), "```", ""]
+lines.append(f"FAILED: {', '.join(failed)} (see their .txt)" if failed else "every step passed")
 (out / "report.md").write_text("\n".join(lines) + "\n")
-print(f"report: {out / 'report.md'} and {out / 'report.json'}")
+print(f"report: {out / 'report.md'} and {out / 'report.json'}; " + (f"FAILED: {failed}" if failed else "all passed"))
+sys.exit(1 if failed else 0)
 PY
-exit "$status"
