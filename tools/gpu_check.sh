@@ -12,7 +12,8 @@
 # - data loading alone at 2 to 16 workers (benchmark.py --loading-only);
 # - two processes sharing the GPU over gloo (device_ids=[0,0]) against one, default network, bf16;
 # - a STEPS-step training run at BATCH, then scripts/eval.sh at batch 1 and at BATCH (images/s).
-# It installs nothing: run it in the environment of the README's second command (requirements-dev.txt).
+# It installs nothing: run it in the environment of the README's second command (requirements-dev.txt),
+# or name the interpreter that holds torch and the requirements with PYTHON (default python3).
 # The data is DATA/train, DATA/val and DATA/test (default datasets/synth, rendered if missing: no
 # downloads); put it on the machine's local disk. Each step is bounded by STEP_TIMEOUT seconds; a
 # step that fails is marked in the report and the others still run.
@@ -24,14 +25,21 @@ STEPS=${STEPS:-300}
 BATCH=${BATCH:-512}
 WORKERS=${WORKERS:-8}
 STEP_TIMEOUT=${STEP_TIMEOUT:-1800}
+export PYTHON=${PYTHON:-python3}  # scripts/eval.sh reads it too
 
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+# An interpreter without torch is an error, not a machine without CUDA: that would "pass" having run nothing.
+if ! "$PYTHON" -c "import torch" 2> /dev/null; then
+    echo "gpu_check: $PYTHON cannot import torch: activate the environment of the README's second command, or set" \
+         "PYTHON to the interpreter that holds torch (e.g. PYTHON=/opt/venv/bin/python3)" >&2
+    exit 1
+fi
+if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: CUDA is not available on this machine (torch.cuda.is_available() is False): nothing was run"
     exit 0
 fi
 mkdir -p "$OUT"
 if [ ! -f "$DATA/train/data.mdb" ]; then
-    python scripts/make_synthetic.py --out "$DATA" --workers "$(nproc)" || exit 1
+    "$PYTHON" scripts/make_synthetic.py --out "$DATA" --workers "$(nproc)" || exit 1
 fi
 data=("data.train=[$DATA/train]" "data.val=[$DATA/val]")
 paper=("model.channels=[64,128,256,256,512,512,512]" model.hidden_size=256 model.lstm_layers=2 model.cnn_shortcut=false)
@@ -48,27 +56,25 @@ step() {  # step NAME COMMAND...: run it bounded, its output in OUT/NAME.txt; no
 benchmark() {  # benchmark NAME PRECISION [OVERRIDE...]: benchmark.py at the GPU batch, its JSON beside its output
     local name=$1 precision=$2
     shift 2
-    step "$name" python tools/benchmark.py --config crnn.yaml --batch-size "$BATCH" --precision "$precision" \
+    step "$name" "$PYTHON" tools/benchmark.py --config crnn.yaml --batch-size "$BATCH" --precision "$precision" \
         --steps 40 --warmup 10 --json "$OUT/$name.json" "${data[@]}" "data.num_workers=$WORKERS" "$@"
 }
 
-xdist=()
-python -c "import xdist" 2> /dev/null && xdist=(-n 4)  # the lane's runs are small: four at a time fit one GPU
-step cuda_lane python -m pytest -q -m cuda -rs -p no:cacheprovider "${xdist[@]}" --junitxml "$OUT/cuda_lane.xml"
+step cuda_lane "$PYTHON" -m pytest -q -m cuda -rs -p no:cacheprovider --junitxml "$OUT/cuda_lane.xml"
 
 for precision in bf16 fp32; do
     benchmark "benchmark_default_$precision" "$precision"
     benchmark "benchmark_paper_$precision" "$precision" "${paper[@]}"
 done
 for workers in 2 4 8 16; do
-    step "loading_workers_$workers" python tools/benchmark.py --config crnn.yaml --loading-only --batch-size "$BATCH" \
+    step "loading_workers_$workers" "$PYTHON" tools/benchmark.py --config crnn.yaml --loading-only --batch-size "$BATCH" \
         --steps 40 --warmup 10 --json "$OUT/loading_workers_$workers.json" "${data[@]}" "data.num_workers=$workers"
 done
-step benchmark_default_bf16_2proc python -m torch.distributed.run --standalone --nproc_per_node=2 tools/benchmark.py \
+step benchmark_default_bf16_2proc "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=2 tools/benchmark.py \
     --config crnn.yaml --batch-size "$BATCH" --precision bf16 --steps 40 --warmup 10 \
     --json "$OUT/benchmark_default_bf16_2proc.json" "${data[@]}" "data.num_workers=$((WORKERS / 2))" "device_ids=[0,0]"
 
-step train python train.py --config crnn.yaml "${data[@]}" "train.batch_size=$BATCH" "train.max_steps=$STEPS" \
+step train "$PYTHON" train.py --config crnn.yaml "${data[@]}" "train.batch_size=$BATCH" "train.max_steps=$STEPS" \
     train.max_minutes=null "train.eval_every=$STEPS" "train.out_dir=$OUT/train" train.overwrite=true \
     train.tensorboard=false "data.num_workers=$WORKERS"
 for eval_batch in 1 "$BATCH"; do
@@ -76,7 +82,7 @@ for eval_batch in 1 "$BATCH"; do
         --batch-size "$eval_batch" --json "$OUT/eval_batch_$eval_batch.json"
 done
 
-python - "$OUT" "${failed[@]}" <<'PY'
+"$PYTHON" - "$OUT" "${failed[@]}" <<'PY'
 import json, os, platform, shutil, subprocess, sys
 from pathlib import Path
 
