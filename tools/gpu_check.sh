@@ -49,7 +49,7 @@ step() {  # step NAME COMMAND...: run it bounded, its output in OUT/NAME.txt; no
     shift
     echo "== $name"
     local start=$SECONDS
-    timeout "$STEP_TIMEOUT" "$@" > "$OUT/$name.txt" 2>&1 || failed+=("$name")
+    timeout -k 20 "$STEP_TIMEOUT" "$@" > "$OUT/$name.txt" 2>&1 || failed+=("$name")  # -k: KILL what ignores TERM
     tail -n 25 "$OUT/$name.txt"
     echo "($name: $((SECONDS - start)) s)"
 }
