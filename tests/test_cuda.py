@@ -50,8 +50,9 @@ def train(
         "data.num_workers=1",
         *overrides,
     ]
+    # At most a few minutes: these runs take seconds on a GPU, and a hang must not spend a short GPU lease.
     result = subprocess.run(
-        command, cwd=REPO, env={**run_env(), **(env or {})}, capture_output=True, text=True, timeout=900
+        command, cwd=REPO, env={**run_env(), **(env or {})}, capture_output=True, text=True, timeout=240
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
