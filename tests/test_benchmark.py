@@ -32,15 +32,16 @@ def test_benchmark_refuses_a_config_as_train_py_does(monkeypatch):
         benchmark.main()
 
 
-@pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
-@pytest.mark.parametrize("processes", [1, 2])
-def test_benchmark_writes_its_json(synth, tmp_path, processes):
-    json_path = tmp_path / "bench.json"
-    launcher = (
-        [sys.executable]
-        if processes == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    )
+def run_benchmark(
+    synth,
+    json_path,
+    *overrides: str,
+    options: tuple[str, ...] = (),
+    launcher: tuple[str, ...] = (sys.executable,),
+    env: dict | None = None,
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """tools/benchmark.py on the synthetic set, a few steps after one of warm-up: its output and its JSON.
+    The options come before the overrides, which argparse takes as one run of positional arguments."""
     result = subprocess.run(
         [
             *launcher,
@@ -53,31 +54,42 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
             "1",
             "--json",
             str(json_path),
+            *options,
             f"data.train=[{synth / 'train'}]",
             f"data.val=[{synth / 'val'}]",
-            "train.batch_size=4",
-            "train.eval_batch_size=16",
-            "data.num_workers=1",
-            "model.hidden_size=32",
-            "model.channels=[64,128,256,256,512,512,512]",
-            "data.augment=light",  # the paper's widths, augmented
-            # The options win over the overrides before them.
-            "--batch-size",
-            "8",
-            "--precision",
-            "fp32",
-            "--threads",
-            "1",
-            "--no-channels-last",
+            *overrides,
         ],
         cwd=REPO,
-        env=run_env(),
+        env={**run_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(json_path.read_text())
+    return result, json.loads(json_path.read_text())
+
+
+@pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
+@pytest.mark.parametrize("processes", [1, 2])
+def test_benchmark_writes_its_json(synth, tmp_path, processes):
+    launcher = (
+        (sys.executable,)
+        if processes == 1
+        else (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}")
+    )
+    result, results = run_benchmark(
+        synth,
+        tmp_path / "bench.json",
+        "train.batch_size=4",
+        "train.eval_batch_size=16",
+        "data.num_workers=1",
+        "model.hidden_size=32",
+        "model.channels=[64,128,256,256,512,512,512]",
+        "data.augment=light",  # the paper's widths, augmented
+        # The options win over the overrides: train.batch_size=4 above becomes 8.
+        options=("--batch-size", "8", "--precision", "fp32", "--threads", "1", "--no-channels-last"),
+        launcher=launcher,
+    )
     assert "loop / floor" in result.stdout
     for key in ("train_images_per_s", "compute_floor_images_per_s", "data_loading_images_per_s"):
         assert results[key]["total"] > 0 and results[key]["per_process_rank0"] > 0
@@ -98,36 +110,16 @@ def test_benchmark_writes_its_json(synth, tmp_path, processes):
 
 @pytest.mark.slow
 def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_path):
-    json_path = tmp_path / "bench.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "tools/benchmark.py",
-            "--config",
-            "crnn.yaml",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--json",
-            str(json_path),
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            "train.batch_size=4",
-            "train.eval_batch_size=16",
-            "data.num_workers=0",
-            "model.hidden_size=16",
-            "--threads",
-            "1",
-        ],
-        cwd=REPO,
-        env={**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result, results = run_benchmark(
+        synth,
+        tmp_path / "bench.json",
+        "train.batch_size=4",
+        "train.eval_batch_size=16",
+        "data.num_workers=0",
+        "model.hidden_size=16",
+        options=("--threads", "1"),
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(json_path.read_text())
     candidates = candidate_precisions(torch.device("cpu"))
     assert list(results["by_precision"]) == list(candidates)
     for figures in results["by_precision"].values():
@@ -142,33 +134,9 @@ def test_without_precision_every_candidate_is_measured_side_by_side(synth, tmp_p
 
 @pytest.mark.slow
 def test_loading_only_measures_the_loader_with_its_workers_and_no_step(synth, tmp_path):
-    json_path = tmp_path / "loading.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "tools/benchmark.py",
-            "--config",
-            "crnn.yaml",
-            "--loading-only",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--json",
-            str(json_path),
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            "train.batch_size=8",
-            "data.num_workers=2",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result, results = run_benchmark(
+        synth, tmp_path / "loading.json", "train.batch_size=8", "data.num_workers=2", options=("--loading-only",)
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(json_path.read_text())
     assert results["num_workers_per_process"] == 2 and results["global_batch"] == 8
     assert results["data_loading_images_per_s"]["total"] > 0
     assert "data loading, images/s" in result.stdout and "loop / floor" not in result.stdout
