@@ -382,6 +382,7 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
 
 
 def loading_rows(results: dict) -> list[tuple[str, str]]:
+    """The table's rows of a --loading-only run."""
     return [
         ("device", f"{results['device']}, {results['processes']} process(es)"),
         ("loader workers per process, augment", f"{results['num_workers_per_process']}, {results['augment']}"),
