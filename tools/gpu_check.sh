@@ -6,7 +6,8 @@
 #   tools/gpu_check.sh                                  # -> runs/gpu_check/report.md and report.json
 #   OUT=/tmp/check DATA=/nvme/synth STEPS=500 tools/gpu_check.sh
 #
-# What it measures, at a GPU-sized global batch (BATCH, default 512), in bf16 and fp32:
+# The lane runs one test at a time (a hang costs one test). What it measures, at a GPU-sized global
+# batch (BATCH, default 512), in bf16 and fp32:
 # - the default network (configs/crnn.yaml) and the paper's (its widths, two BiLSTMs of 256): the
 #   training loop, its compute floor and loop/floor (benchmark.py, one process, WORKERS loader workers);
 # - data loading alone at 2 to 16 workers (benchmark.py --loading-only);
@@ -60,7 +61,12 @@ benchmark() {  # benchmark NAME PRECISION [OVERRIDE...]: benchmark.py at the GPU
         --steps 40 --warmup 10 --json "$OUT/$name.json" "${data[@]}" "data.num_workers=$WORKERS" "$@"
 }
 
-step cuda_lane "$PYTHON" -m pytest -q -m cuda -rs -p no:cacheprovider --junitxml "$OUT/cuda_lane.xml"
+# The lane one test at a time: a test that hangs is stopped at STEP_TIMEOUT, and the next one still runs.
+mapfile -t lane < <("$PYTHON" -m pytest -q -m cuda --collect-only -p no:cacheprovider | grep '::')
+printf '%s\n' "${lane[@]}" > "$OUT/cuda_lane.ids"
+for index in "${!lane[@]}"; do
+    step "cuda_lane_$index" "$PYTHON" -m pytest -q -rs -p no:cacheprovider "${lane[$index]}"
+done
 
 for precision in bf16 fp32; do
     benchmark "benchmark_default_$precision" "$precision"
@@ -96,7 +102,9 @@ report = {
     "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?",
     "python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
-    "lane": text.get("cuda_lane", "").splitlines()[-1:],
+    "lane": {test: (text.get(f"cuda_lane_{index}") or "(no output)").splitlines()[-1]
+             for index, test in enumerate((out / "cuda_lane.ids").read_text().split())
+             if (out / "cuda_lane.ids").is_file()},
     "benchmarks": {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))},
     "eval_images_per_s": {name: next((line for line in text[name].splitlines() if "images/s" in line), None)
                           for name in text if name.startswith("eval_batch_")},
@@ -106,9 +114,9 @@ report = {
 lines = [f"# GPU check: {report['device']} x {report['gpus']}", "",
          f"torch {report['torch']}, CUDA {report['cuda']}, cuDNN {report['cudnn']}, driver {report['driver']}, "
          f"Python {report['python']}, {report['cpus']} CPU cores", "",
-         f"CUDA lane: {' '.join(report['lane'])}", ""]
+         "## CUDA lane", "", *(f"- {test}: {result}" for test, result in report["lane"].items()), ""]
 for name, output in text.items():
-    if name != "cuda_lane":
+    if not name.startswith("cuda_lane_"):
         lines += [f"## {name}", "", "```", "\n".join(output.splitlines()[-25:]), "```", ""]
 lines.append(f"FAILED: {', '.join(failed)} (see their .txt)" if failed else "every step passed")
 (out / "report.md").write_text("\n".join(lines) + "\n")
