@@ -139,6 +139,15 @@ def timed_images_per_second(run_step: Callable[[], int], *, steps: int, warmup: 
     return images / (time.perf_counter() - start)
 
 
+def loading_images_per_second(batches: Iterator[Batch], *, steps: int, warmup: int, device: torch.device) -> float:
+    """Images/s of the loader alone: 4x `steps` batches (each is cheap next to a step) after `warmup`."""
+    return timed_images_per_second(lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=device)
+
+
+def device_name(device: torch.device) -> str:
+    return str(device) if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
 def best_of_rounds(
     measurements: dict[tuple[str, str], Callable[[], int]], *, steps: int, warmup: int, device: torch.device
 ) -> dict[tuple[str, str], float]:
@@ -182,7 +191,7 @@ def benchmark(config: Config, env: DistEnv, *, steps: int, warmup: int, compare:
     loop_total, floor_total = chosen["train_images_per_s"]["total"], chosen["compute_floor_images_per_s"]["total"]
     data_loading, train_flops = measured["data_loading_images_per_s"], measured["train_step_flops_per_image"]
     return {
-        "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
+        "device": device_name(env.device),
         "processes": env.world_size,
         "threads_per_process": torch.get_num_threads(),
         "configured_precision": config.train.precision,
@@ -216,11 +225,9 @@ def loading(config: Config, env: DistEnv, *, steps: int, warmup: int) -> dict[st
     setup = build_setup(config, env, print if env.is_main else lambda _: None)
     setup.sampler.set_steps(0, 10**9)
     batches = iter(setup.loader)
-    per_process = timed_images_per_second(
-        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
-    )
+    per_process = loading_images_per_second(batches, steps=steps, warmup=warmup, device=env.device)
     return {
-        "device": str(env.device) if env.device.type == "cpu" else torch.cuda.get_device_name(env.device),
+        "device": device_name(env.device),
         "processes": env.world_size,
         "num_workers_per_process": config.data.num_workers,
         "global_batch": config.train.batch_size,
@@ -245,9 +252,7 @@ def measure(
     forward_flops, train_flops = flops_per_image(setup.model, images_in_memory, first, env.device)
     measurements = training_steps(config, env, setup, model, precisions, first=first, batches=batches)
     per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
-    data_per_process = timed_images_per_second(
-        lambda: len(next(batches).labels), steps=steps * 4, warmup=warmup, device=env.device
-    )
+    data_per_process = loading_images_per_second(batches, steps=steps, warmup=warmup, device=env.device)
     eval_total = {precision: eval_images_per_second(config, env, setup, precision) for precision in precisions}
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak_mib = torch.cuda.max_memory_allocated(env.device) / 2**20 if env.device.type == "cuda" else 0.0

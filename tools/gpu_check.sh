@@ -44,6 +44,7 @@ if [ ! -f "$DATA/train/data.mdb" ]; then
 fi
 data=("data.train=[$DATA/train]" "data.val=[$DATA/val]")
 paper=("model.channels=[64,128,256,256,512,512,512]" model.hidden_size=256 model.lstm_layers=2 model.cnn_shortcut=false)
+timing=(--steps 40 --warmup 10)  # benchmark.py's timed and untimed steps: seconds each at a GPU's pace
 failed=()
 step() {  # step NAME COMMAND...: run it bounded, its output in OUT/NAME.txt; note a failure and go on
     local name=$1
@@ -58,7 +59,7 @@ benchmark() {  # benchmark NAME PRECISION [OVERRIDE...]: benchmark.py at the GPU
     local name=$1 precision=$2
     shift 2
     step "$name" "$PYTHON" tools/benchmark.py --config crnn.yaml --batch-size "$BATCH" --precision "$precision" \
-        --steps 40 --warmup 10 --json "$OUT/$name.json" "${data[@]}" "data.num_workers=$WORKERS" "$@"
+        "${timing[@]}" --json "$OUT/$name.json" "${data[@]}" "data.num_workers=$WORKERS" "$@"
 }
 
 # The lane one test at a time: a test that hangs is stopped at STEP_TIMEOUT, and the next one still runs.
@@ -74,10 +75,10 @@ for precision in bf16 fp32; do
 done
 for workers in 2 4 8 16; do
     step "loading_workers_$workers" "$PYTHON" tools/benchmark.py --config crnn.yaml --loading-only --batch-size "$BATCH" \
-        --steps 40 --warmup 10 --json "$OUT/loading_workers_$workers.json" "${data[@]}" "data.num_workers=$workers"
+        "${timing[@]}" --json "$OUT/loading_workers_$workers.json" "${data[@]}" "data.num_workers=$workers"
 done
 step benchmark_default_bf16_2proc "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=2 tools/benchmark.py \
-    --config crnn.yaml --batch-size "$BATCH" --precision bf16 --steps 40 --warmup 10 \
+    --config crnn.yaml --batch-size "$BATCH" --precision bf16 "${timing[@]}" \
     --json "$OUT/benchmark_default_bf16_2proc.json" "${data[@]}" "data.num_workers=$((WORKERS / 2))" "device_ids=[0,0]"
 
 step train "$PYTHON" train.py --config crnn.yaml "${data[@]}" "train.batch_size=$BATCH" "train.max_steps=$STEPS" \
@@ -103,8 +104,7 @@ report = {
                              capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "?",
     "python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
     "lane": {test: (text.get(f"cuda_lane_{index}") or "(no output)").splitlines()[-1]
-             for index, test in enumerate((out / "cuda_lane.ids").read_text().split())
-             if (out / "cuda_lane.ids").is_file()},
+             for index, test in enumerate((out / "cuda_lane.ids").read_text().split())},
     "benchmarks": {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))},
     "eval_images_per_s": {name: next((line for line in text[name].splitlines() if "images/s" in line), None)
                           for name in text if name.startswith("eval_batch_")},
