@@ -11,8 +11,26 @@ from models.layers import VGG_CHANNELS, VGG_LAYERS, BidirectionalLSTM
 from models.registry import register_model
 
 
-def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> nn.Sequential:
-    """The VGG_LAYERS convolutions at `channels` widths, each followed by BatchNorm and ReLU."""
+def max_pool(pool: tuple[int, int]) -> nn.MaxPool2d:
+    """VGG_LAYERS' poolings: (2, 2) halves the height and the width, (2, 1) the height only."""
+    if pool == (2, 2):
+        return nn.MaxPool2d(2, 2)
+    return nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1))
+
+
+def vgg_backbone(
+    in_channels: int,
+    channels: tuple[int, ...] = VGG_CHANNELS,
+    pool_before_norm: bool = False,
+    strided_stem: bool = False,
+) -> nn.Sequential:
+    """The VGG_LAYERS convolutions at `channels` widths, each followed by BatchNorm and ReLU.
+
+    `pool_before_norm` max-pools straight after a convolution, before its BatchNorm and ReLU, which
+    then run on a half or a quarter of the pixels (ReLU and max-pooling commute; BatchNorm's statistics
+    are taken over the pooled maps). `strided_stem` makes the first convolution stride 2 in place of
+    its 2 x 2 pooling. Both change the state dict's module numbers, so a checkpoint loads only into
+    the layout it was trained in."""
     if len(channels) != len(VGG_LAYERS):
         raise ValueError(
             f"model.channels: the VGG backbone has {len(VGG_LAYERS)} convolutions, got "
@@ -21,19 +39,24 @@ def vgg_backbone(in_channels: int, channels: tuple[int, ...] = VGG_CHANNELS) -> 
     for position, width in enumerate(channels):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"model.channels[{position}]={width}: must be at least 1 (an integer)")
+    for name, value in (("pool_before_norm", pool_before_norm), ("strided_stem", strided_stem)):
+        if not isinstance(value, bool):
+            raise ValueError(f"model.{name}={value!r}: must be true or false")
     layers: list[nn.Module] = []
-    for out_channels, (kernel, padding, pool) in zip(channels, VGG_LAYERS):
+    for position, (out_channels, (kernel, padding, pool)) in enumerate(zip(channels, VGG_LAYERS)):
+        stride = 1
+        if strided_stem and position == 0:  # VGG_LAYERS' first pooling is 2 x 2: the stride takes its place
+            stride, pool = 2, None
         # Every convolution is followed by BatchNorm (the paper has it on two): it shortens CTC's
         # all-blank plateau at the start of training. The BN shift makes a conv bias redundant.
-        layers += [
-            nn.Conv2d(in_channels, out_channels, kernel, padding=padding, bias=False),
+        block: list[nn.Module] = [
+            nn.Conv2d(in_channels, out_channels, kernel, stride=stride, padding=padding, bias=False),
             nn.BatchNorm2d(out_channels),
             nn.ReLU(inplace=True),
         ]
-        if pool == (2, 2):
-            layers.append(nn.MaxPool2d(2, 2))
-        elif pool == (2, 1):
-            layers.append(nn.MaxPool2d((2, 2), stride=(2, 1), padding=(0, 1)))
+        if pool is not None:
+            block.insert(1 if pool_before_norm else len(block), max_pool(pool))
+        layers += block
         in_channels = out_channels
     return nn.Sequential(*layers)
 
@@ -55,6 +78,8 @@ class CRNN(nn.Module):
         channels: tuple[int, ...] = VGG_CHANNELS,
         lstm_layers: int = 2,
         cnn_shortcut: bool = False,
+        pool_before_norm: bool = False,
+        strided_stem: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 0:
@@ -66,7 +91,7 @@ class CRNN(nn.Module):
                 "model.cnn_shortcut=true adds a classifier of the backbone's features beside the BiLSTMs', and "
                 "model.lstm_layers=0 has no BiLSTM: that classifier is already the whole head; drop one of the two"
             )
-        self.backbone = vgg_backbone(in_channels, tuple(channels))
+        self.backbone = vgg_backbone(in_channels, tuple(channels), pool_before_norm, strided_stem)
         if lstm_layers == 0:  # the classifier alone, where the BiLSTMs would be
             self.sequence = nn.Sequential(nn.Linear(channels[-1], num_classes))
         else:

@@ -134,6 +134,60 @@ def test_cnn_shortcut_adds_each_frames_own_classes_to_the_bilstms():
         build_model("crnn", 37, 1, 64, cnn_shortcut="yes")
 
 
+def test_pool_before_norm_and_strided_stem_reorder_the_backbone_not_its_frames():
+    """model.pool_before_norm: each max-pool straight after its convolution, so BatchNorm and ReLU run on the
+    pooled maps; model.strided_stem: the first convolution strides 2 where the first pooling was. Neither
+    changes the frames a width gives; pooling before an eval-mode BatchNorm of positive scale and a ReLU
+    gives what pooling after them gives (all three are monotone per channel)."""
+    channels = (4, 4, 8, 8, 8, 8, 16)
+    torch.manual_seed(0)
+    paper = build_model("crnn", 37, 1, 64, channels=channels, lstm_layers=1).eval()
+    layouts = {}
+    for pool_before_norm in (False, True):
+        for strided_stem in (False, True):
+            layouts[pool_before_norm, strided_stem] = build_model(
+                "crnn",
+                37,
+                1,
+                64,
+                channels=channels,
+                lstm_layers=1,
+                pool_before_norm=pool_before_norm,
+                strided_stem=strided_stem,
+            ).eval()
+    for (pool_before_norm, strided_stem), model in layouts.items():
+        layers = list(model.backbone)
+        before_pools = [type(layers[i - 1]) for i, layer in enumerate(layers) if isinstance(layer, torch.nn.MaxPool2d)]
+        assert before_pools == [torch.nn.Conv2d if pool_before_norm else torch.nn.ReLU] * (3 if strided_stem else 4)
+        assert layers[0].stride == ((2, 2) if strided_stem else (1, 1))
+        for width, frames in [(100, 26), (128, 33), (256, 65)]:
+            assert output_frames(model, 1, 32, width) == frames
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(2, 1, 32, 100)).logsumexp(-1).sum().backward()
+        assert [name for name, p in model.named_parameters() if p.grad is None] == []
+        model.eval()
+    # The same weights, module for module, in the pool-first layout: the same logits.
+    pool_first = layouts[True, False]
+    with torch.no_grad():
+        for module in paper.backbone:
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5)
+                module.running_mean.normal_()
+        paper_weights = [m for m in paper.backbone if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d))]
+        pool_first_weights = [m for m in pool_first.backbone if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d))]
+        for source, target in zip(paper_weights, pool_first_weights, strict=True):
+            target.load_state_dict(source.state_dict())
+        pool_first.sequence.load_state_dict(paper.sequence.state_dict())
+        images = torch.randn(2, 1, 32, 128)
+        torch.testing.assert_close(pool_first(images), paper(images))
+    assert set(pool_first.state_dict()) != set(paper.state_dict())  # a checkpoint fits its own layout only
+    with pytest.raises(ValueError, match=r"model.pool_before_norm='yes': must be true or false"):
+        build_model("crnn", 37, 1, 64, pool_before_norm="yes")
+    with pytest.raises(ValueError, match=r"model.strided_stem=1: must be true or false"):
+        build_model("crnn", 37, 1, 64, strided_stem=1)
+
+
 def test_only_models_init_imports_the_crnn_so_a_fork_can_delete_it():
     """models/__init__.py's promise: dropping models/crnn.py is its one import line there, plus model.arch's
     default; what other architectures and the weight importer share with it lives in models/layers.py."""
