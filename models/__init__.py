@@ -21,6 +21,7 @@ from models.registry import (
     model_from_config,
     output_frames,
     register_model,
+    setting_defaults,
 )
 
 __all__ = [
@@ -31,4 +32,5 @@ __all__ = [
     "model_from_config",
     "output_frames",
     "register_model",
+    "setting_defaults",
 ]

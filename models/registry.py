@@ -52,6 +52,18 @@ def build_model(arch: str, num_classes: int, in_channels: int, hidden_size: int,
     return cls(num_classes=num_classes, in_channels=in_channels, hidden_size=hidden_size, **settings)
 
 
+def setting_defaults(arch: str) -> dict[str, Any]:
+    """The architecture's own settings that have a default, as a config writes them (tuples as lists): what
+    a config that leaves one out builds. {} for an architecture not registered."""
+    if arch not in ARCHITECTURES:
+        return {}
+    return {
+        name: list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+        for name, parameter in inspect.signature(ARCHITECTURES[arch]).parameters.items()
+        if name not in BUILT_IN_SETTINGS and parameter.default is not inspect.Parameter.empty
+    }
+
+
 def model_from_config(model_config: Any, num_classes: int) -> nn.Module:
     """The model the config's `model` section describes (training.config.ModelConfig)."""
     return build_model(

@@ -104,6 +104,24 @@ def test_a_checkpoint_of_an_older_version_missing_new_keys_is_compared_with_thei
     del checkpoint["config"]["data"]["interpolation"], checkpoint["config"]["model"]["sync_bn"]
     changes = check_config(checkpoint, "old.pt", small_config(), "train.resume")
     assert not any(change.startswith(("data.interpolation", "model.")) for change in changes)
+    # An architecture's own settings (model.*) read as its constructor's defaults where left out, on either side:
+    # a checkpoint from before crnn.yaml took model.pool_before_norm ran with the paper's layout, `false`.
+    for setting in ("cnn_shortcut", "pool_before_norm", "strided_stem"):
+        del checkpoint["config"]["model"][setting]
+    with pytest.raises(
+        ConfigError,
+        match=r"\n  model.cnn_shortcut: False -> True\n  model.pool_before_norm: False -> True\n"
+        r"  model.strided_stem: False -> True\nset these keys",
+    ):
+        check_config(checkpoint, "old.pt", small_config(), "train.init_from")
+    paper_layout = ("model.cnn_shortcut=false", "model.pool_before_norm=false", "model.strided_stem=false")
+    changes = check_config(checkpoint, "old.pt", small_config(*paper_layout), "train.init_from")
+    assert not any(change.startswith("model.") for change in changes)
+    checkpoint["config"]["model"]["strided_stem"] = True
+    config_without_the_key = small_config(*paper_layout[:2])
+    del config_without_the_key.model.settings["strided_stem"]
+    with pytest.raises(ConfigError, match=r"\n  model.strided_stem: True -> False\nset these keys"):
+        check_config(checkpoint, "old.pt", config_without_the_key, "train.init_from")
 
 
 def test_init_from_a_bare_state_dict_of_another_architecture_is_refused(tmp_path):

@@ -34,7 +34,7 @@ from data.codec import CTCCodec
 from data.label_index import INDEX_CACHE_WORDS
 from data.lmdb_dataset import UNKNOWN_CHARACTERS
 from data.transforms import Preprocessing, PreprocessingError
-from models import check_model_config
+from models import check_model_config, setting_defaults
 from training.optim import OPTIMIZERS, SCHEDULES
 from utils.checks import not_one_of, out_of_range
 from utils.precision import PRECISIONS
@@ -760,7 +760,8 @@ class ConfigChanges:
 
 def config_changes(previous: dict[str, Any], current: Config) -> ConfigChanges:
     """The one comparison of an earlier config (a plain dict) with the run's. A key the earlier one lacks
-    was added to the project after it was written: that run ran with the default."""
+    was added to the project after it was written: that run ran with the default, the Config's or, for an
+    architecture's own `model.*` setting, its constructor's (either side may leave one out)."""
     changes = ConfigChanges([], [], [], [])
 
     def compare(old_section: dict[str, Any], new_section: dict[str, Any], prefix: str) -> None:
@@ -773,8 +774,18 @@ def config_changes(previous: dict[str, Any], current: Config) -> ConfigChanges:
                 kind = "resumable" if metadata.get(RESUMABLE) else metadata.get(BOUND_TO, "run")
                 getattr(changes, kind).append(f"{full_key}: {old!r} -> {new!r}")
 
-    compare(with_defaults(previous, to_dict(Config())), to_dict(current), "")
+    compare(
+        with_setting_defaults(with_defaults(previous, to_dict(Config()))), with_setting_defaults(to_dict(current)), ""
+    )
     return changes
+
+
+def with_setting_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every `model.*` setting its architecture defaults and `values` leaves out."""
+    model = values.get("model")
+    if not isinstance(model, dict):
+        return values
+    return {**values, "model": {**setting_defaults(model.get("arch")), **model}}
 
 
 def with_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
