@@ -1,7 +1,8 @@
 """CRNN (Shi, Bai & Yao, 2015): a VGG-style CNN, two bidirectional LSTMs, a per-frame classifier.
 `lstm_layers=0` leaves the BiLSTMs out: each frame is classified from its own column of CNN features
-(Rosetta's CNN + CTC); `cnn_shortcut=True` adds that classifier beside the BiLSTMs'. Its parts shared
-with other architectures (the VGG table, the BiLSTM) are in models/layers.py."""
+(Rosetta's CNN + CTC); `cnn_shortcut=True` adds that classifier beside the BiLSTMs'. `pool_before_norm`
+and `strided_stem` reorder the backbone's blocks for speed (vgg_backbone). Its parts shared with other
+architectures (the VGG table, the BiLSTM) are in models/layers.py."""
 
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def test_a_new_backbone_is_one_module_and_one_import_line(fork, synth):
     (fork.root / "models" / "mynet.py").write_text(MYNET)
     with (fork.root / "models" / "__init__.py").open("a") as init:
         init.write("from models.mynet import MyNet as MyNet\n")
-    # A config that selects it, without crnn.yaml's CRNN settings (channels, lstm_layers, cnn_shortcut).
+    # A config that selects it, without crnn.yaml's CRNN settings (channels, lstm_layers, cnn_shortcut, ...).
     config = yaml.safe_load((fork.root / "configs" / "crnn.yaml").read_text())
     config["model"] = {"arch": "mynet", "in_channels": 1, "hidden_size": 32, "depth": 3}
     (fork.root / "configs" / "mynet.yaml").write_text(yaml.safe_dump(config))
