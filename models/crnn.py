@@ -40,9 +40,6 @@ def vgg_backbone(
     for position, width in enumerate(channels):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"model.channels[{position}]={width}: must be at least 1 (an integer)")
-    for name, value in (("pool_before_norm", pool_before_norm), ("strided_stem", strided_stem)):
-        if not isinstance(value, bool):
-            raise ValueError(f"model.{name}={value!r}: must be true or false")
     layers: list[nn.Module] = []
     for position, (out_channels, (kernel, padding, pool)) in enumerate(zip(channels, VGG_LAYERS)):
         stride = 1
@@ -85,8 +82,10 @@ class CRNN(nn.Module):
         super().__init__()
         if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 0:
             raise ValueError(f"model.lstm_layers={lstm_layers}: must be at least 0 (an integer; the paper has 2)")
-        if not isinstance(cnn_shortcut, bool):
-            raise ValueError(f"model.cnn_shortcut={cnn_shortcut!r}: must be true or false")
+        flags = {"cnn_shortcut": cnn_shortcut, "pool_before_norm": pool_before_norm, "strided_stem": strided_stem}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ValueError(f"model.{name}={value!r}: must be true or false")
         if cnn_shortcut and lstm_layers == 0:
             raise ValueError(
                 "model.cnn_shortcut=true adds a classifier of the backbone's features beside the BiLSTMs', and "
