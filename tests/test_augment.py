@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from data.augment import AUGMENTATIONS, LEVELS, MAX_PIPELINES, PROBABILITIES, Augmentation
+from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation, warp
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
 from data.samplers import GlobalBatchSampler
@@ -49,7 +49,7 @@ def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_ot
         # The fork's data/augment.py: this one with one entry more, imported before anything reads it.
         entry = """AUGMENTATIONS = (
             AugmentationStep("erase", probability={"none": 0.0, "light": 0.0, "strong": 0.0},
-                             build=lambda strength, fill, p: v2.RandomErasing(p=p)),"""
+                             apply=lambda pixels, strength, generator: pixels.index_fill(2, torch.arange(8), 0)),"""
         source = pathlib.Path("data/augment.py").read_text().replace("AUGMENTATIONS = (", entry, 1)
         sys.modules["data.augment"] = fork = types.ModuleType("data.augment")
         exec(compile(source, "data/augment.py", "exec"), fork.__dict__)
@@ -90,23 +90,29 @@ def test_a_sample_s_augmentation_depends_on_its_seed_alone(synth):
     assert first.shape == plain(image_bytes).shape and first.min() >= -1 and first.max() <= 1
 
 
-def test_a_kept_pipeline_augments_as_a_newly_built_one_with_its_own_fill():
-    """Pipelines are kept by fill colour: an image augments the same whichever images came before it, and
-    geometry fills its uncovered corners with its own border colour, not an earlier image's."""
-    every = {name: 1.0 for name in PROBABILITIES["strong"]} | {"color": 0.0, "invert": 0.0, "noise": 0.0, "blur": 0.0}
-    images = [torch.full((1, 32, 100), value) for value in (0.0, 1.0, 0.5)]
+def test_geometry_fills_the_corners_it_uncovers_with_the_image_s_own_border_colour():
+    """Each image's own border colour, whichever images came before it; every draw from the sample's seed."""
+    every = {name: 0.0 for name in PROBABILITIES["strong"]}
+    images = [torch.full((1, 32, 100), value) for value in (0.0, 1.0, 0.3)]
     for image in images:
         image[:, 12:20, 20:80] = 1 - image[:, 12:20, 20:80]  # a "word" across the middle
-    kept = Augmentation("strong", every)
-    outputs = [kept(image.clone(), seed=3) for image in images + images]
-    for image, output, again in zip(images, outputs, outputs[3:]):
-        assert torch.equal(output, Augmentation("strong", every)(image.clone(), seed=3))
-        assert torch.equal(output, again)
-        assert output[0, [0, 0, -1, -1], [0, -1, 0, -1]].eq(image[0, 0, 0]).all()  # corners: its own border colour
-    assert len(kept.pipelines) == 3
-    for value in range(MAX_PIPELINES + 1):  # colour images have many fills: the kept pipelines are bounded
-        kept(torch.full((3, 32, 100), value / (MAX_PIPELINES + 1)), seed=value)
-    assert len(kept.pipelines) <= MAX_PIPELINES
+    for geometry in ("affine", "perspective"):
+        augmentation = Augmentation("strong", every | {geometry: 1.0})
+        outputs = [augmentation(image.clone(), seed=3) for image in images + images]
+        for image, output, again in zip(images, outputs, outputs[3:]):
+            assert torch.equal(output, again)
+            assert not torch.equal(output, image)
+            assert output[0, [0, 0, -1, -1], [0, -1, 0, -1]].eq(image[0, 0, 0]).all(), geometry  # corners: its border
+            word, background = image[0, 16, 50], image[0, 0, 0]
+            assert output[0, 14:18, 30:70].sub(word).abs().mean() < (word - background).abs() / 2  # still there
+
+
+def test_an_identity_warp_returns_the_image_and_a_shift_moves_it():
+    image = torch.rand(3, 32, 100)
+    assert torch.allclose(warp(image, ((1, 0, 0), (0, 1, 0), (0, 0, 1))), image, atol=1e-5)
+    # Sampling the source 3 pixels to the right moves the content 3 pixels to the left.
+    moved = warp(image, ((1, 0, 3), (0, 1, 0), (0, 0, 1)))
+    assert torch.allclose(moved[:, :, :97], image[:, :, 3:], atol=1e-5)
 
 
 def test_training_samples_are_augmented_the_same_for_any_number_of_processes(synth):
