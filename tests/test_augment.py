@@ -6,10 +6,11 @@ import dataclasses
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
-from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation, warp
+from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation, affine, homography, warp
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset, SeededSamples
 from data.samplers import GlobalBatchSampler
@@ -113,6 +114,25 @@ def test_an_identity_warp_returns_the_image_and_a_shift_moves_it():
     # Sampling the source 3 pixels to the right moves the content 3 pixels to the left.
     moved = warp(image, ((1, 0, 3), (0, 1, 0), (0, 0, 1)))
     assert torch.allclose(moved[:, :, :97], image[:, :, 3:], atol=1e-5)
+
+
+def test_the_affine_moves_the_content_as_its_strength_says_about_the_centre():
+    image = torch.zeros(1, 32, 100)
+    image[0, 15:17, 69:71] = 1  # a dot 20 pixels right of the centre (50, 16)
+    generator = torch.Generator()
+    still = {"degrees": 0, "shear": 0, "scale": (1, 1), "translate": (0, 0)}
+    assert torch.allclose(affine(image, still, generator), image, atol=1e-5)
+    half = affine(image, still | {"scale": (0.5, 0.5)}, generator)  # the content shrinks towards the centre
+    assert half[0].sum(dim=0).argmax().item() in (59, 60) and half[0].sum(dim=1).argmax().item() in (15, 16)
+
+
+def test_a_perspective_homography_takes_each_corner_where_it_was_asked():
+    moved = np.array([[3.0, 2.0], [95.0, 1.0], [97.0, 30.0], [1.0, 31.0]])
+    corners = np.array([[0.0, 0.0], [100.0, 0.0], [100.0, 32.0], [0.0, 32.0]])
+    matrix = np.array(homography(moved, corners))
+    for point, corner in zip(moved, corners):
+        x, y, depth = matrix @ [*point, 1]
+        assert np.allclose([x / depth, y / depth], corner)
 
 
 def test_training_samples_are_augmented_the_same_for_any_number_of_processes(synth):
