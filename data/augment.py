@@ -153,7 +153,8 @@ def blur(pixels: Tensor, sigma_range: tuple[float, float], generator: torch.Gene
     taps = torch.exp(-(torch.arange(-2.0, 3.0) ** 2) / (2 * sigma**2))
     taps /= taps.sum()
     channels = pixels.shape[0]
-    padded = F.pad(pixels[None], (2, 2, 2, 2), mode="reflect")
+    # Mirrored edges need 3 pixels a side; a crop resized to 1 or 2 pixels wide repeats its edge instead.
+    padded = F.pad(pixels[None], (2, 2, 2, 2), mode="reflect" if min(pixels.shape[1:]) > 2 else "replicate")
     rows = F.conv2d(padded, taps.view(1, 1, 1, 5).expand(channels, 1, 1, 5), groups=channels)
     return F.conv2d(rows, taps.view(1, 1, 5, 1).expand(channels, 1, 5, 1), groups=channels)[0]
 

@@ -126,6 +126,14 @@ def test_the_affine_moves_the_content_as_its_strength_says_about_the_centre():
     assert half[0].sum(dim=0).argmax().item() in (59, 60) and half[0].sum(dim=1).argmax().item() in (15, 16)
 
 
+def test_every_transform_takes_an_image_resized_to_one_or_two_pixels_wide():
+    """A tall crop resized to the model's height can be that narrow; torchvision's blur refused it."""
+    every = Augmentation("strong", {name: 1.0 for name in PROBABILITIES["strong"]})
+    for width in (1, 2, 3):
+        output = every(torch.rand(1, 32, width), seed=width)
+        assert output.shape == (1, 32, width) and output.min() >= 0 and output.max() <= 1
+
+
 def test_a_perspective_homography_takes_each_corner_where_it_was_asked():
     moved = np.array([[3.0, 2.0], [95.0, 1.0], [97.0, 30.0], [1.0, 31.0]])
     corners = np.array([[0.0, 0.0], [100.0, 0.0], [100.0, 32.0], [0.0, 32.0]])
