@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchvision.transforms.v2 import functional as TF
 
 LEVELS = ("none", "light", "strong")  # data.augment: how likely and how strong every transform is
 
@@ -125,21 +126,22 @@ def perspective(pixels: Tensor, distortion: float, generator: torch.Generator) -
     return warp(pixels, homography(moved, corners))
 
 
-RGB_TO_GREY = torch.tensor([0.299, 0.587, 0.114])  # ITU-R 601 luma, as Pillow's "L" conversion
-
-
 def brightness_contrast(pixels: Tensor, strength: dict[str, float], generator: torch.Generator) -> Tensor:
     """Scale the brightness, and the contrast about the image's mean grey, each by up to +-strength, in
     a random order."""
     brightness = uniform(generator, 1 - strength["brightness"], 1 + strength["brightness"])
     contrast = uniform(generator, 1 - strength["contrast"], 1 + strength["contrast"])
-    for adjust in ("brightness", "contrast") if uniform(generator, 0, 1) < 0.5 else ("contrast", "brightness"):
-        if adjust == "brightness":
-            pixels = (pixels * brightness).clamp_(0, 1)
-        else:
-            grey = pixels if pixels.shape[0] == 1 else (pixels * RGB_TO_GREY.view(3, 1, 1)).sum(dim=0)
-            pixels = (pixels * contrast + (1 - contrast) * grey.mean()).clamp_(0, 1)
-    return pixels
+    contrast_first = uniform(generator, 0, 1) >= 0.5
+    if contrast_first:
+        pixels = adjust_contrast(pixels, contrast)
+    pixels = (pixels * brightness).clamp_(0, 1)
+    return pixels if contrast_first else adjust_contrast(pixels, contrast)
+
+
+def adjust_contrast(pixels: Tensor, factor: float) -> Tensor:
+    """Contrast scaled by `factor` about the image's mean grey (ITU-R 601 luma for colour images)."""
+    grey = pixels if pixels.shape[0] == 1 else TF.rgb_to_grayscale(pixels)
+    return (pixels * factor + (1 - factor) * grey.mean()).clamp_(0, 1)
 
 
 def invert(pixels: Tensor, strength: None, generator: torch.Generator) -> Tensor:
