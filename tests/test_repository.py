@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conftest import REPO
@@ -64,3 +66,38 @@ def test_readme_train_command_writes_the_held_out_test_split_and_evaluates_on_it
     assert evaluated.returncode == 0, evaluated.stderr
     rows = [line.split()[0] for line in evaluated.stdout.splitlines() if line.strip()]
     assert "val" in rows and "test" in rows
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation but `-` and `_` dropped, spaces
+    as hyphens, a repeated heading numbered from -1 on."""
+    anchors: set[str] = set()
+    in_code = False
+    for line in markdown.splitlines():
+        in_code ^= line.startswith("```")
+        if in_code or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        anchor, count = slug, 0
+        while anchor in anchors:
+            count += 1
+            anchor = f"{slug}-{count}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_every_link_between_the_docs_reaches_its_file_and_heading():
+    """A relative link in README.md, CONTRIBUTING.md or docs/ names a file that exists and, after `#`, one of
+    its headings: a section renamed or moved breaks the links to it, and this says which."""
+    broken = []
+    for page in [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
