@@ -162,8 +162,8 @@ def report_plan(
     )
     if photo_package_missing:
         print(
-            "  no photo backgrounds from packages: `pip install -r requirements-synthetic.txt` adds scikit-image's"
-            " 12 public-domain photos (a model trained with them reads real crops better, docs/real-text.md)"
+            "  no photo backgrounds from packages: `pip install -r requirements-synthetic.txt` adds scikit-image's 12"
+            " public-domain photos (a model trained with them reads real crops better, docs/real-text-experiments.md)"
         )
 
 
@@ -193,7 +193,7 @@ def report_fonts(fonts: FontPlan, system_fonts: bool) -> None:
     if system_fonts and not packages:
         print(
             "  no font packages: `pip install -r requirements-synthetic.txt` adds the README's typefaces (a model"
-            " trained on the system's fonts alone read real crops 11.8 points worse, docs/real-text.md)"
+            " trained on the system's fonts alone read real crops 11.8 points worse, docs/real-text-experiments.md)"
         )
     if len(train) < 5:
         print(
