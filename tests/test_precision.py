@@ -90,6 +90,29 @@ def test_another_cpu_generation_of_the_same_name_is_measured_anew(two_candidates
     assert len(keys) == 2 and "AMD EPYC family 25 model 2" in keys[0] and "family 26" in keys[1]
 
 
+def test_kernels_capped_below_the_cpus_own_are_measured_anew(two_candidates, monkeypatch):
+    """`ATEN_CPU_CAPABILITY=avx2` (or oneDNN's ISA capped) makes this CPU compute as one without AVX-512: its
+    fp32 and bf16 steps then time otherwise, and the choice made with the CPU's own kernels does not hold."""
+    calls = []
+
+    def time_step(precision: str) -> float:
+        calls.append(precision)
+        return 0.010
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    calls.clear()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    assert calls  # other kernels: measured
+    calls.clear()
+    resolve_precision("auto", torch.device("cpu"), time_step, "shape A", lambda _: None)
+    assert calls == []  # and cached under them
+    assert "kernels AVX2 onednn AVX2" in list(json.loads(two_candidates.read_text()))[-1]
+
+
 def test_a_candidate_twice_as_slow_is_not_timed_to_the_end(two_candidates):
     calls = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -149,9 +150,11 @@ def read_choices(path: Path) -> dict[str, dict]:
 
 
 def cache_key(device: torch.device, shape: str) -> str:
-    """What makes a measurement valid: the CPU (model name, family and model, flags), torch, the threads, the
-    step. The family counts: two generations of AMD EPYC both call themselves "AMD EPYC" and may list the same
-    flags (a cache folder shared by the nodes of a cluster sees both)."""
+    """What makes a measurement valid: the CPU (model name, family and model, flags), the kernels torch runs
+    on it, torch, the threads, the step. The family counts: two generations of AMD EPYC both call themselves
+    "AMD EPYC" and may list the same flags (a cache folder shared by the nodes of a cluster sees both). The
+    kernels count because they can be capped below the CPU's own (`ATEN_CPU_CAPABILITY=avx2`,
+    `ONEDNN_MAX_CPU_ISA=AVX2`, as a CPU without AVX-512 runs): the same CPU then times otherwise."""
     fields = {}
     for line in cpu_info().splitlines():
         field, _, value = line.partition(":")
@@ -159,8 +162,10 @@ def cache_key(device: torch.device, shape: str) -> str:
     name = fields.get("model name") or platform.processor()
     cpu = f"{name} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
     flags = hashlib.sha1(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
+    kernels = f"{torch.backends.cpu.get_cpu_capability()} onednn {os.environ.get('ONEDNN_MAX_CPU_ISA', 'all')}"
     threads = torch.get_num_threads()
-    return f"{device.type} | {cpu} | flags {flags} | torch {torch.__version__} | threads {threads} | {shape}"
+    key = f"{device.type} | {cpu} | flags {flags} | kernels {kernels} | torch {torch.__version__}"
+    return f"{key} | threads {threads} | {shape}"
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
