@@ -78,12 +78,15 @@ def write_images(synth: Path, folder: Path, count: int, start: int = 0) -> list[
 
 
 @pytest.fixture(scope="session", autouse=True)
-def index_cache_home(tmp_path_factory) -> Iterator[Path]:
-    """The label-index cache (data.index_cache=auto) of every test and every process it starts, kept out
-    of the user's own ~/.cache."""
-    home = tmp_path_factory.mktemp("xdg_cache")
+def cache_home(tmp_path_factory) -> Iterator[Path]:
+    """The caches of every test and every process it starts, kept out of the user's own: the label index
+    (data.index_cache=auto) and precision auto's timings (~/.cache), and torch.compile's kernels (inductor's
+    folder in the system's temporary folder by default, shared by every run on the machine: a kernel compiled
+    there by a run with the CPU's own ATen kernels failed in one with ATEN_CPU_CAPABILITY=avx2)."""
+    home = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(home))
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "torchinductor"))
         yield home
 
 
