@@ -1,10 +1,15 @@
-"""The repository's promises to a newcomer: CI runs exactly the README's test command."""
+"""The repository's promises to a newcomer: CI runs exactly the README's test command, and installs the
+versions the suite is tested on while `pip install -e .` keeps a supported torch already installed."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from tests.conftest import REPO
 
@@ -101,3 +106,77 @@ def test_every_link_between_the_docs_reaches_its_file_and_heading():
             elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def constraints() -> dict[str, Version]:
+    """constraints.txt's pins, by normalized package name."""
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier  # one `==` a line
+            assert specifier.operator == "==", f"constraints.txt: {line} is not an exact version"
+            pins[canonicalize_name(requirement.name)] = Version(specifier.version)
+    return pins
+
+
+def pyproject_requirements() -> dict[str, Requirement]:
+    """pyproject.toml's dependencies and its extras', by normalized package name (the extras that name the
+    project itself left out)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    lines = [*project["dependencies"], *(line for extra in project["optional-dependencies"].values() for line in extra)]
+    requirements = {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines}
+    requirements.pop(canonicalize_name(project["name"]))
+    return requirements
+
+
+def test_pyproject_declares_ranges_that_keep_a_supported_torch():
+    """`pip install -e .` into an environment that holds torch 2.11 to 2.14 (a CUDA build, say) keeps it:
+    pyproject.toml declares ranges, and the exact versions live in constraints.txt."""
+    requirements = pyproject_requirements()
+    for version in ("2.11.0", "2.11.0+cu130", "2.13.0+cpu", "2.14.1"):
+        assert requirements["torch"].specifier.contains(version), f"torch {version} is supported"
+    for version in ("2.10.0", "2.15.0"):
+        assert not requirements["torch"].specifier.contains(version), f"torch {version} is not supported"
+    for version in ("0.26.0", "0.29.1"):
+        assert requirements["torchvision"].specifier.contains(version), f"torchvision {version} goes with it"
+    pinned = [str(requirement) for requirement in requirements.values() if "==" in str(requirement.specifier)]
+    assert not pinned, f"pyproject.toml pins {pinned}: exact versions belong in constraints.txt"
+
+
+def test_constraints_pin_every_dependency_within_its_range():
+    """One exact version for each package pyproject.toml names, and one pip can install: inside the range."""
+    requirements, pins = pyproject_requirements(), constraints()
+    assert sorted(pins) == sorted(requirements), "constraints.txt pins exactly pyproject.toml's dependencies"
+    outside = [
+        f"{name}=={pins[name]} ({requirements[name].specifier})"
+        for name in pins
+        if pins[name] not in requirements[name].specifier
+    ]
+    assert not outside, f"constraints.txt pins versions pyproject.toml's ranges refuse: {outside}"
+
+
+def test_constraints_pin_the_versions_the_suite_runs_on():
+    """The tested versions are the ones this suite runs on (torch 2.14.1+cu130 counts as 2.14.1). In another
+    environment this names what differs: `pip install -r requirements-dev.txt` installs the tested versions;
+    after an upgrade, change constraints.txt (CONTRIBUTING.md)."""
+    differences = []
+    for name, pinned in constraints().items():
+        try:
+            installed = Version(importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            differences.append(f"{name}: not installed, constraints.txt pins {pinned}")
+            continue
+        if Version(installed.public) != pinned:
+            differences.append(f"{name}: {installed} installed, constraints.txt pins {pinned}")
+    assert not differences, "\n".join(differences)
+
+
+def test_every_requirements_file_installs_the_tested_versions():
+    """The README's commands and CI install through requirements*.txt: each applies constraints.txt first."""
+    files = sorted(REPO.glob("requirements*.txt"))
+    assert len(files) >= 5
+    for path in files:
+        first_line = path.read_text(encoding="utf-8").splitlines()[0]
+        assert first_line == "-c constraints.txt", f"{path.name} starts with {first_line!r}"
