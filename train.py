@@ -1,9 +1,9 @@
 """Train a CRNN text recognizer (CNN + BiLSTM + CTC) on LMDB datasets.
 
     python train.py --config crnn.yaml                                      # one process: GPU 0 or the CPU
-    torchrun --standalone --nproc_per_node=4 train.py --config crnn.yaml    # 4 GPUs on one machine
+    torchrun --standalone --nproc_per_node=4 train.py --config crnn_gpu.yaml   # 4 GPUs on one machine
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d \\
-        --rdzv_endpoint=HOST:29500 train.py --config crnn.yaml               # 2 machines x 8 GPUs
+        --rdzv_endpoint=HOST:29500 train.py --config crnn_gpu.yaml           # 2 machines x 8 GPUs
     python train.py --config crnn.yaml train.max_steps=20 train.batch_size=8 # CPU smoke run
 
 Options after the config file are dotted overrides: optim.lr=3e-4 data.train=[datasets/a,datasets/b].
@@ -29,7 +29,7 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.lmdb_dataset import Batch
 from data.loaders import build_eval_loader, build_train_loader
-from data.transforms import Preprocessing
+from data.transforms import DeviceTransform, Preprocessing, build_device_transform
 from evaluation.evaluate import decode_samples, evaluate
 from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
@@ -64,7 +64,7 @@ from training.run_folder import (
     write_config,
 )
 from training.run_log import RunLog
-from training.setup import Setup, model_and_frames, open_datasets, training_precision
+from training.setup import Setup, loader_workers_of, model_and_frames, open_datasets, training_precision
 from training.state import TrainState
 from training.time_budget import TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, end_planned_again, steps_that_fit
 from training.weight_average import WeightAverage
@@ -167,10 +167,11 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
     log.start_progress(total=state.end, initial=state.step)
     setup.sampler.set_steps(state.step, state.end)  # the batches depend on the step alone
     clock = StepClock(state.step) if plans_its_end(run) else None
-    for batch in setup.loader:
+    for batch in state.window.timed(setup.loader):
         loss, infinite, taken = train_step(
             model,
             batch,
+            inputs=setup.device_transform,
             optimizer=setup.optimizer,
             scaler=setup.scaler,
             grad_clip=run.config.optim.grad_clip,
@@ -313,6 +314,7 @@ def train_step(
     model: nn.Module,
     batch: Batch,
     *,
+    inputs: DeviceTransform,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     grad_clip: float,
@@ -321,10 +323,12 @@ def train_step(
     memory_format: torch.memory_format,
     average: WeightAverage | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """One optimizer step, and the weight average's when there is one. Returns the loss and the count
-    of infinite losses (left on the device), and whether the step was taken: one with a NaN or
-    infinite gradient norm is skipped, and leaves the whole model as it was, buffers included."""
-    images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
+    """One optimizer step on a training batch (its uint8 pixels made the model's input on the device by
+    `inputs`), and the weight average's when there is one. Returns the loss and the count of infinite
+    losses (left on the device), and whether the step was taken: one with a NaN or infinite gradient
+    norm is skipped, and leaves the whole model as it was, buffers included."""
+    on_device = [tensor.to(device, non_blocking=True) for tensor in (batch.images, batch.widths, batch.seeds)]
+    images = inputs(*on_device).contiguous(memory_format=memory_format)
     # The forward pass updates BatchNorm's running statistics before anyone knows whether the step is
     # good: one NaN image would make them NaN for every later evaluation and checkpoint. A copy of
     # the buffers (a few thousand numbers) is what a skipped step restores.
@@ -366,8 +370,9 @@ def build_setup(
     model, frames = model_and_frames(config, codec, env)
     preprocessing = Preprocessing.from_config(config)  # the datasets' and every checkpoint's: one record
     train_sets, val_sets = open_datasets(config, preprocessing, codec, frames)
+    workers = loader_workers_of(config, env, log)  # data.num_workers `auto`: resolved for this machine
     loader, sampler = build_train_loader(
-        train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, data.num_workers, env
+        train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, workers, env
     )
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model.to(env.device, memory_format=memory_format)
@@ -385,7 +390,9 @@ def build_setup(
         val_sets=val_sets,
         loader=loader,
         sampler=sampler,
+        device_transform=build_device_transform(config, train_sets[0].transform),
         precision=precision,
+        loader_workers=workers,
         memory_format=memory_format,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -443,7 +450,7 @@ def build_val_loaders(run: Run, log: RunLog) -> list[DataLoader]:
         log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
     loaders = [
         build_eval_loader(
-            dataset, setup.codec, config.train.eval_batch_size // env.world_size, config.data.num_workers, env
+            dataset, setup.codec, config.train.eval_batch_size // env.world_size, setup.loader_workers, env
         )
         for dataset in setup.val_sets
     ]
@@ -531,7 +538,7 @@ def describe_run(run: Run, log: RunLog) -> None:
             f"train.max_minutes={config.train.max_minutes:g}: the steps that fit are planned from the pace of "
             f"{TIMED_STEPS} steps, after the first {UNTIMED_STEPS}"
         )
-    for warning in config_warnings(config):
+    for warning in config_warnings(config, env.device.type):
         log.info(f"warning: {warning}")
 
 
@@ -565,7 +572,8 @@ def log_training(run: Run, log: RunLog) -> None:
         "drawn": dict(zip(config.data.train, drawn)),
     }
     log.metrics(record)
-    log.advance({"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"})
+    figures = {"loss": f"{record['loss']:.3f}", "img/s": f"{record['images_per_s']:.0f}"}
+    log.advance({**figures, "data wait": f"{record['data_wait_share']:.0%}"})
 
 
 def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None:

@@ -63,10 +63,31 @@ class LmdbDataset(Dataset):
         return widths
 
     def __getitem__(self, position: int) -> tuple[Tensor, str] | None:
-        return self.load(position)
+        """Sample `position` as evaluation reads it: the normalised image and its label."""
+        read = self.read(position)
+        if read is None:
+            return None
+        try:
+            image = self.transform(read[0])
+        except Exception:  # any decoding failure: the collate function drops and counts the sample
+            return None
+        return image, read[1]
 
-    def load(self, position: int, augment_seed: int | None = None) -> tuple[Tensor, str] | None:
-        """Sample `position`, augmented as `augment_seed` draws if the transform augments."""
+    def load_pixels(self, position: int) -> tuple[Tensor, int, str] | None:
+        """Sample `position` as training's workers hand it over: uint8 pixels padded to the full width,
+        the width of the image within them, and its label (augmentation and normalisation follow on the
+        device: data.transforms.DeviceTransform)."""
+        read = self.read(position)
+        if read is None:
+            return None
+        try:
+            pixels, width = self.transform.to_uint8(self.transform.decode(read[0]))
+        except Exception:  # any decoding failure: the collate function drops and counts the sample
+            return None
+        return pixels, width, read[1]
+
+    def read(self, position: int) -> tuple[bytes, str] | None:
+        """The encoded image of sample `position` and its label as the codec reads it; None without an image."""
         index = int(self.indices[position])
         with shared_lmdb(self.root).begin(buffers=True) as txn:
             label = read_label(txn, index)
@@ -74,49 +95,58 @@ class LmdbDataset(Dataset):
             image_bytes = bytes(image_bytes) if image_bytes is not None else None
         if image_bytes is None:
             return None
-        try:
-            image = self.transform(image_bytes, augment_seed)
-        except Exception:  # any decoding failure: the collate function drops and counts the sample
-            return None
         label = self.codec.normalize(label)
-        return image, self.codec.remove_unknown(label) if self.remove_unknown else label
+        return image_bytes, self.codec.remove_unknown(label) if self.remove_unknown else label
 
 
 class SeededSamples(ConcatDataset):
-    """Datasets concatenated, read by `(index, augment seed)` pairs, as data.samplers.GlobalBatchSampler yields them."""
+    """Datasets concatenated, read by `(index, augment seed)` pairs, as data.samplers.GlobalBatchSampler
+    yields them: `(uint8 pixels, width, seed, label)` or None."""
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[Tensor, str] | None:
+    def __getitem__(self, item: tuple[int, int]) -> tuple[Tensor, int, int, str] | None:
         index, seed = item
         which = bisect.bisect_right(self.cumulative_sizes, index)  # ConcatDataset's own lookup
         start = self.cumulative_sizes[which - 1] if which else 0
-        return self.datasets[which].load(index - start, seed)
+        sample = self.datasets[which].load_pixels(index - start)
+        return None if sample is None else (sample[0], sample[1], seed, sample[2])
 
 
 @dataclass
 class Batch:
-    images: Tensor  # [B, C, H, W]
+    images: Tensor  # [B, C, H, W]: normalised floats, or training's uint8 pixels (widths and seeds then set)
     labels: list[str]
     targets: Tensor  # [sum of label lengths], class indices, as F.ctc_loss takes them
     target_lengths: Tensor  # [B]
     num_dropped: int  # samples of this batch whose image could not be decoded
+    widths: Tensor | None = None  # [B] training: each image's width before its padding
+    seeds: Tensor | None = None  # [B] training: each sample's augmentation seed
 
     def pin_memory(self) -> Batch:
         """Called by the DataLoader on CUDA: pinned tensors copy to the GPU asynchronously (non_blocking)."""
         self.images = self.images.pin_memory()
         self.targets, self.target_lengths = self.targets.pin_memory(), self.target_lengths.pin_memory()
+        if self.widths is not None:
+            self.widths, self.seeds = self.widths.pin_memory(), self.seeds.pin_memory()
         return self
 
 
 class CollateBatch:
-    """Stacks decoded samples, drops undecodable ones (never replacing them), encodes the labels."""
+    """Stacks decoded samples, drops undecodable ones (never replacing them), encodes the labels. Takes
+    evaluation's `(image, label)` samples and training's `(pixels, width, seed, label)` ones."""
 
-    def __init__(self, codec: CTCCodec, image_shape: tuple[int, int, int]) -> None:
+    def __init__(self, codec: CTCCodec, image_shape: tuple[int, int, int], dtype: torch.dtype = torch.float32) -> None:
         self.codec = codec
         self.image_shape = image_shape  # (C, H, W): the shape of an empty batch too
+        self.dtype = dtype
 
-    def __call__(self, samples: list[tuple[Tensor, str] | None]) -> Batch:
+    def __call__(self, samples: list[tuple | None]) -> Batch:
         good = [sample for sample in samples if sample is not None]
-        labels = [label for _, label in good]
+        labels = [sample[-1] for sample in good]
         targets, target_lengths = self.codec.encode(labels)
-        images = torch.stack([image for image, _ in good]) if good else torch.empty(0, *self.image_shape)
-        return Batch(images, labels, targets, target_lengths, num_dropped=len(samples) - len(good))
+        empty = torch.empty(0, *self.image_shape, dtype=self.dtype)
+        images = torch.stack([sample[0] for sample in good]) if good else empty
+        batch = Batch(images, labels, targets, target_lengths, num_dropped=len(samples) - len(good))
+        if self.dtype == torch.uint8:
+            batch.widths = torch.tensor([sample[1] for sample in good], dtype=torch.long)
+            batch.seeds = torch.tensor([sample[2] for sample in good], dtype=torch.long)
+        return batch

@@ -38,7 +38,7 @@ def build_train_loader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=CollateBatch(codec, datasets[0].transform.output_shape),
+        collate_fn=CollateBatch(codec, datasets[0].transform.output_shape, torch.uint8),
         pin_memory=env.device.type == "cuda",
         persistent_workers=num_workers > 0,
         worker_init_fn=ignore_stop_signals,

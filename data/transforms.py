@@ -211,16 +211,13 @@ class ImageTransform:
     `max_stretch` times (at most `width` wide), and the right side is padded by repeating the last
     column, so narrow words are not stretched (or only so far). `width_step` (evaluation) pads only up
     to the next multiple of it instead of to `width`: images of one padded width are then batched
-    together and a narrow word costs less. `augmentation` (training only) transforms the resized image
-    before it is normalised and padded, for the calls that pass a seed. Decoding errors propagate: the
+    together and a narrow word costs less. Training takes the uint8 pixels (`to_uint8`) and leaves
+    augmentation and normalisation to the device (DeviceTransform). Decoding errors propagate: the
     dataset decides what to do with a bad image.
     """
 
-    def __init__(
-        self, preprocessing: Preprocessing, width_step: int = 0, augmentation: Augmentation | None = None
-    ) -> None:
+    def __init__(self, preprocessing: Preprocessing, width_step: int = 0) -> None:
         self.preprocessing = preprocessing
-        self.augmentation = augmentation
         self.height, self.width, self.keep_aspect = preprocessing.height, preprocessing.width, preprocessing.keep_aspect
         self.max_stretch = preprocessing.max_stretch
         self.width_step = width_step
@@ -251,29 +248,56 @@ class ImageTransform:
         """The image in the record's colour mode, at its own size, upright."""
         return decode_image(image_bytes, self.mode)
 
-    def __call__(self, image_bytes: bytes, augment_seed: int | None = None) -> Tensor:
-        return self.to_tensor(self.decode(image_bytes), augment_seed)
+    def __call__(self, image_bytes: bytes) -> Tensor:
+        return self.to_tensor(self.decode(image_bytes))
 
-    def to_tensor(self, image: Image.Image, augment_seed: int | None = None) -> Tensor:
-        """A decoded image (in the record's mode) resized, augmented if a seed is given and this transform
-        augments, normalised and padded: `[C, H, W]`."""
-        padded_width = self.padded_width(image.width, image.height)
+    def resize(self, image: Image.Image) -> Tensor:
+        """A decoded image (in the record's mode) resized: `[C, H, w]` uint8, not yet padded."""
         size = (self.resized_width(image.width, image.height), self.height)
         if self.resample is None:
             pixels = resize_opencv_linear(np.asarray(image), *size)
-            tensor = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1).to(torch.float32)
-        else:
-            tensor = TF.pil_to_tensor(image.resize(size, self.resample)).to(torch.float32)  # [C, H, w], 0..255
-        if self.augmentation is not None and augment_seed is not None:
-            tensor = self.augmentation(tensor.div_(255), augment_seed).mul_(255)
-        tensor = tensor.div_(self.divisor).sub_(self.shift)
-        return pad_right(tensor, padded_width)
+            return torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)
+        return TF.pil_to_tensor(image.resize(size, self.resample))
+
+    def to_tensor(self, image: Image.Image) -> Tensor:
+        """A decoded image (in the record's mode) resized, normalised and padded: `[C, H, W]` float32."""
+        pixels = self.resize(image)
+        return pad_right(self.normalize(pixels.to(torch.float32)), self.padded_width(image.width, image.height))
+
+    def to_uint8(self, image: Image.Image) -> tuple[Tensor, int]:
+        """A decoded image resized and padded to `width`, as training's workers hand it over: `[C, H, W]`
+        uint8, and its width before padding (what augmentation treats as the image)."""
+        pixels = self.resize(image)
+        return pad_right(pixels, self.width), pixels.shape[-1]
+
+    def normalize(self, pixels: Tensor) -> Tensor:
+        """`[..., C, H, W]` floats of 0..255, on any device, normalised as the preprocessing says."""
+        divisor, shift = self.divisor.to(pixels.device), self.shift.to(pixels.device)
+        return pixels.div_(divisor).sub_(shift)
 
     def to_image(self, tensor: Tensor) -> Image.Image:
         """A `[C, H, W]` model input back as a PIL image (to show what the model saw)."""
         pixels = (tensor.detach().float().cpu() + self.shift) * self.divisor
         pixels = pixels.round().clamp(0, 255).byte()
         return Image.fromarray(pixels[0].numpy() if pixels.shape[0] == 1 else pixels.permute(1, 2, 0).numpy())
+
+
+class DeviceTransform:
+    """The training half that runs on the device, on whole batches: uint8 pixels from the loader (decoded,
+    resized and padded by ImageTransform.to_uint8 in its workers) augmented as each sample's seed draws,
+    then normalised. Batched tensor operations cost a GPU little, where the same work per image in the
+    workers would need many more CPU cores to keep it fed (docs/performance.md)."""
+
+    def __init__(self, transform: ImageTransform, augmentation: Augmentation | None) -> None:
+        self.transform, self.augmentation = transform, augmentation
+
+    def __call__(self, pixels: Tensor, widths: Tensor, seeds: Tensor) -> Tensor:
+        """`[B, C, H, W]` uint8 pixels (already on the device), each `widths[i]` wide before its padding,
+        as the model's float input."""
+        if self.augmentation is None:
+            return self.transform.normalize(pixels.to(torch.float32))
+        augmented = self.augmentation(pixels.to(torch.float32).div_(255), widths, seeds)
+        return self.transform.normalize(augmented.mul_(255))
 
 
 def pad_right(images: Tensor, width: int) -> Tensor:
@@ -303,12 +327,13 @@ def header_orientation(image: Image.Image, image_bytes: bytes) -> int:
 def build_transform(config: Any, preprocessing: Preprocessing | None = None, train: bool = False) -> ImageTransform:
     """The one place a run's config makes a transform: `preprocessing` (default: the config's own; for
     evaluation, prediction and export the checkpoint's record, which training.checkpoint.load_model returns
-    with the checkpoint's config), with data.augment for training, or padded to data.eval_width_step.
-    Validation, eval.sh, predict.py and export.py never augment."""
+    with the checkpoint's config), padded to data.eval_width_step unless it is for training."""
     preprocessing = preprocessing or Preprocessing.from_config(config)
-    if train:
-        return ImageTransform(
-            preprocessing,
-            augmentation=Augmentation.from_config(config.data.augment, dataclasses.asdict(config.augment)),
-        )
-    return ImageTransform(preprocessing, config.data.eval_width_step)
+    return ImageTransform(preprocessing, 0 if train else config.data.eval_width_step)
+
+
+def build_device_transform(config: Any, transform: ImageTransform) -> DeviceTransform:
+    """Training's device half for `transform`: data.augment and the `augment` section. Validation,
+    eval.sh, predict.py and export.py never augment."""
+    augmentation = Augmentation.from_config(config.data.augment, dataclasses.asdict(config.augment))
+    return DeviceTransform(transform, augmentation)

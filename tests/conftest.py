@@ -15,8 +15,11 @@ ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 def run_env() -> dict[str, str]:
-    """Environment for child processes: one thread each, so two of them share this 2-core machine."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(REPO)}
+    """Environment for child processes: one thread each, so two of them share this 2-core machine. The
+    checkout comes first on their path, and what the path held stays after it: on a GPU image that lacks a
+    package, tools/gpu_check.sh puts the one it installed from a wheel there."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path}
 
 
 # Small runs of train.py: a small LSTM, loading in the process, fp32, no TensorBoard.
@@ -34,16 +37,20 @@ TORCHRUN_TWO_UNTIL_EACH_FAILS = (*TORCHRUN_TWO, "--monitor-interval=5")
 
 
 def train_small(
-    synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = (sys.executable,)
+    synth: Path,
+    out_dir: Path,
+    *overrides: str,
+    launcher: tuple[str, ...] = (sys.executable,),
+    config: str = "crnn.yaml",
 ) -> subprocess.CompletedProcess:
-    """train.py on `synth`'s train and val sets, `SMALL`, then `overrides` (one process; `TORCHRUN_TWO`
-    for two); its result, whatever the exit code."""
+    """train.py with `config` on `synth`'s train and val sets, `SMALL`, then `overrides` (one process;
+    `TORCHRUN_TWO` for two); its result, whatever the exit code."""
     return subprocess.run(
         [
             *launcher,
             "train.py",
             "--config",
-            "crnn.yaml",
+            config,
             f"data.train=[{synth / 'train'}]",
             f"data.val=[{synth / 'val'}]",
             f"train.out_dir={out_dir}",

@@ -6,15 +6,24 @@ import dataclasses
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from data.augment import AUGMENTATIONS, LEVELS, PROBABILITIES, Augmentation, affine, homography, warp
+from data.augment import (
+    AUGMENTATIONS,
+    LEVELS,
+    PROBABILITIES,
+    Augmentation,
+    SampleRandom,
+    affine,
+    homographies,
+    mix32,
+    warp,
+)
 from data.codec import CTCCodec
-from data.lmdb_dataset import LmdbDataset, SeededSamples
+from data.lmdb_dataset import CollateBatch, LmdbDataset, SeededSamples
 from data.samplers import GlobalBatchSampler
-from data.transforms import ImageTransform, Preprocessing
+from data.transforms import DeviceTransform, ImageTransform, Preprocessing
 from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.config import AugmentConfig, ConfigError, load_config, validate
@@ -50,18 +59,21 @@ def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_ot
         # The fork's data/augment.py: this one with one entry more, imported before anything reads it.
         entry = """AUGMENTATIONS = (
             AugmentationStep("erase", probability={"none": 0.0, "light": 0.0, "strong": 0.0},
-                             apply=lambda pixels, strength, generator: pixels.index_fill(2, torch.arange(8), 0)),"""
+                             apply=lambda pixels, widths, strength, random: pixels.index_fill(
+                                 3, torch.arange(8, device=pixels.device), 0)),"""
         source = pathlib.Path("data/augment.py").read_text().replace("AUGMENTATIONS = (", entry, 1)
         sys.modules["data.augment"] = fork = types.ModuleType("data.augment")
         exec(compile(source, "data/augment.py", "exec"), fork.__dict__)
-        from data.transforms import build_transform
+        from data.transforms import build_device_transform, build_transform
         from training.config import ConfigError, load_config, validate
         config = load_config("crnn.yaml", ["data.augment=none", "augment.erase=1"])
         validate(config)
         transform = build_transform(config, train=True)
-        assert transform.augmentation.probabilities == {**fork.PROBABILITIES["none"], "erase": 1.0}
-        image = pathlib.Path(sys.argv[1]).read_bytes()
-        assert not torch.equal(transform(image, augment_seed=1), transform(image))
+        device_transform = build_device_transform(config, transform)
+        assert device_transform.augmentation.probabilities == {**fork.PROBABILITIES["none"], "erase": 1.0}
+        pixels, width = transform.to_uint8(transform.decode(pathlib.Path(sys.argv[1]).read_bytes()))
+        erased = device_transform(pixels[None], torch.tensor([width]), torch.tensor([1]))
+        assert erased[..., :8].eq(-1).all() and not torch.equal(erased, transform.normalize(pixels[None].float()))
         try:
             validate(load_config("crnn.yaml", ["augment.erase=2"]))
         except ConfigError as error:
@@ -75,33 +87,64 @@ def test_an_augmentation_added_to_the_table_is_configured_and_applied_with_no_ot
     assert result.stdout.strip() == "augment.erase=2.0: must be from 0 to 1"
 
 
+def training_pixels(transform: ImageTransform, encoded: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What training's workers hand over for these images: uint8 pixels `[B, C, H, W]` and their widths."""
+    pixels, widths = zip(*(transform.to_uint8(transform.decode(image)) for image in encoded))
+    return torch.stack(pixels), torch.tensor(widths)
+
+
 @pytest.mark.slow
 def test_a_sample_s_augmentation_depends_on_its_seed_alone(synth):
-    image_bytes = read_lmdb(synth / "train")[0][0]
-    plain = ImageTransform(Preprocessing(32, 100))
-    strong = ImageTransform(Preprocessing(32, 100), augmentation=Augmentation.from_config("strong", {}))
+    encoded = [image for image, _ in read_lmdb(synth / "train")[:4]]
+    transform = ImageTransform(Preprocessing(32, 256, keep_aspect=True, max_stretch=1.0))
+    strong = DeviceTransform(transform, Augmentation.from_config("strong", {}))
+    pixels, widths = training_pixels(transform, encoded)
+    assert widths.lt(256).any()  # some are narrower than the batch: their padding is part of what is checked
     torch.manual_seed(123)
     global_state = torch.get_rng_state()
-    first, again = strong(image_bytes, augment_seed=7), strong(image_bytes, augment_seed=7)
+    seeds = torch.tensor([7, 8, 9, 10])
+    first, again = strong(pixels, widths, seeds), strong(pixels, widths, seeds)
     assert torch.equal(torch.get_rng_state(), global_state)  # drawn from the sample's seed, not global state
     assert torch.equal(first, again)
-    others = [strong(image_bytes, augment_seed=seed) for seed in range(8, 16)]
-    assert sum(not torch.equal(first, other) for other in others) >= 6  # most seeds draw some transform
-    assert torch.equal(strong(image_bytes), plain(image_bytes))  # no seed (evaluation): no augmentation
-    assert first.shape == plain(image_bytes).shape and first.min() >= -1 and first.max() <= 1
+    # In any batch, in any place: the same image from the same seed.
+    for place in range(4):
+        alone = strong(pixels[place : place + 1], widths[place : place + 1], seeds[place : place + 1])
+        assert torch.equal(alone[0], first[place])
+        reordered = strong(pixels.flip(0), widths.flip(0), seeds.flip(0))
+        assert torch.equal(reordered[3 - place], first[place])
+    others = [strong(pixels[:1], widths[:1], torch.tensor([seed]))[0] for seed in range(11, 19)]
+    assert sum(not torch.equal(first[0], other) for other in others) >= 6  # most seeds draw some transform
+    plain = torch.stack([transform(image) for image in encoded])  # evaluation's path: no augmentation
+    assert torch.equal(DeviceTransform(transform, None)(pixels, widths, seeds), plain)
+    assert first.shape == plain.shape and first.min() >= -1 and first.max() <= 1
+
+
+def test_a_narrow_image_in_a_wide_batch_is_augmented_as_it_would_be_alone():
+    """Padding is not part of the image: the geometry turns about its own centre and fills with its own
+    border, the blur mirrors at its own edge, and the padding repeats its augmented last column."""
+    every_but_noise = Augmentation("strong", {name: float(name != "noise") for name in PROBABILITIES["strong"]})
+    image = torch.rand(1, 1, 32, 60)
+    image[..., 10:22, 15:45] = 1 - image[..., 10:22, 15:45]
+    padded = torch.cat([image, image[..., -1:].expand(1, 1, 32, 40)], dim=3)
+    seeds = torch.tensor([5])
+    alone = every_but_noise(image.clone(), torch.tensor([60]), seeds)
+    in_batch = every_but_noise(padded, torch.tensor([60]), seeds)
+    assert torch.allclose(in_batch[..., :60], alone, atol=1e-4)  # the grid computed for another width rounds apart
+    assert torch.equal(in_batch[..., 60:], in_batch[..., 59:60].expand(1, 1, 32, 40))
 
 
 def test_geometry_fills_the_corners_it_uncovers_with_the_image_s_own_border_colour():
-    """Each image's own border colour, whichever images came before it; every draw from the sample's seed."""
+    """Each image's own border colour, whichever images are beside it; every draw from the sample's seed."""
     every = {name: 0.0 for name in PROBABILITIES["strong"]}
-    images = [torch.full((1, 32, 100), value) for value in (0.0, 1.0, 0.3)]
-    for image in images:
-        image[:, 12:20, 20:80] = 1 - image[:, 12:20, 20:80]  # a "word" across the middle
+    images = torch.stack([torch.full((1, 32, 100), value) for value in (0.0, 1.0, 0.3)])
+    images[:, :, 12:20, 20:80] = 1 - images[:, :, 12:20, 20:80]  # a "word" across the middle
+    widths = torch.tensor([100, 100, 100])
     for geometry in ("affine", "perspective"):
         augmentation = Augmentation("strong", every | {geometry: 1.0})
-        outputs = [augmentation(image.clone(), seed=3) for image in images + images]
-        for image, output, again in zip(images, outputs, outputs[3:]):
-            assert torch.equal(output, again)
+        outputs = augmentation(images.clone(), widths, torch.tensor([3, 3, 3]))
+        again = augmentation(images.flip(0), widths, torch.tensor([3, 3, 3])).flip(0)
+        for image, output, repeated in zip(images, outputs, again):
+            assert torch.equal(output, repeated)
             assert not torch.equal(output, image)
             assert output[0, [0, 0, -1, -1], [0, -1, 0, -1]].eq(image[0, 0, 0]).all(), geometry  # corners: its border
             word, background = image[0, 16, 50], image[0, 0, 0]
@@ -109,56 +152,90 @@ def test_geometry_fills_the_corners_it_uncovers_with_the_image_s_own_border_colo
 
 
 def test_an_identity_warp_returns_the_image_and_a_shift_moves_it():
-    image = torch.rand(3, 32, 100)
-    assert torch.allclose(warp(image, ((1, 0, 0), (0, 1, 0), (0, 0, 1))), image, atol=1e-5)
+    image, widths = torch.rand(1, 3, 32, 100), torch.tensor([100])
+    identity = torch.eye(3)[None]
+    assert torch.allclose(warp(image, widths, identity), image, atol=1e-5)
     # Sampling the source 3 pixels to the right moves the content 3 pixels to the left.
-    moved = warp(image, ((1, 0, 3), (0, 1, 0), (0, 0, 1)))
-    assert torch.allclose(moved[:, :, :97], image[:, :, 3:], atol=1e-5)
+    moved = warp(image, widths, torch.tensor([[[1.0, 0, 3], [0, 1, 0], [0, 0, 1]]]))
+    assert torch.allclose(moved[..., :97], image[..., 3:], atol=1e-5)
 
 
 def test_the_affine_moves_the_content_as_its_strength_says_about_the_centre():
-    image = torch.zeros(1, 32, 100)
-    image[0, 15:17, 69:71] = 1  # a dot 20 pixels right of the centre (50, 16)
-    generator = torch.Generator()
+    image, widths = torch.zeros(1, 1, 32, 100), torch.tensor([100])
+    image[0, 0, 15:17, 69:71] = 1  # a dot 20 pixels right of the centre (50, 16)
     still = {"degrees": 0, "shear": 0, "scale": (1, 1), "translate": (0, 0)}
-    assert torch.allclose(affine(image, still, generator), image, atol=1e-5)
-    half = affine(image, still | {"scale": (0.5, 0.5)}, generator)  # the content shrinks towards the centre
-    assert half[0].sum(dim=0).argmax().item() in (59, 60) and half[0].sum(dim=1).argmax().item() in (15, 16)
+    assert torch.allclose(affine(image, widths, still, SampleRandom(torch.tensor([0]), 1)), image, atol=1e-5)
+    half = affine(image, widths, still | {"scale": (0.5, 0.5)}, SampleRandom(torch.tensor([0]), 1))
+    assert half[0, 0].sum(dim=0).argmax().item() in (59, 60) and half[0, 0].sum(dim=1).argmax().item() in (15, 16)
+    # An image 60 wide in a batch 100 wide turns about its own centre (30, 16): the dot at 40 goes to 35.
+    image, widths = torch.zeros(1, 1, 32, 100), torch.tensor([60])
+    image[0, 0, 15:17, 39:41] = 1
+    half = affine(image, widths, still | {"scale": (0.5, 0.5)}, SampleRandom(torch.tensor([0]), 1))
+    assert half[0, 0].sum(dim=0).argmax().item() in (34, 35)
 
 
 def test_every_transform_takes_an_image_resized_to_one_or_two_pixels_wide():
     """A tall crop resized to the model's height can be that narrow; torchvision's blur refused it."""
     every = Augmentation("strong", {name: 1.0 for name in PROBABILITIES["strong"]})
-    for width in (1, 2, 3):
-        output = every(torch.rand(1, 32, width), seed=width)
-        assert output.shape == (1, 32, width) and output.min() >= 0 and output.max() <= 1
+    widths = torch.tensor([1, 2, 3])
+    output = every(torch.rand(3, 1, 32, 8), widths, torch.tensor([1, 2, 3]))
+    assert output.shape == (3, 1, 32, 8) and output.min() >= 0 and output.max() <= 1
+    for image, width in zip(output, widths.tolist()):
+        assert torch.equal(image[..., width:], image[..., width - 1 : width].expand(1, 32, 8 - width))
 
 
 def test_a_perspective_homography_takes_each_corner_where_it_was_asked():
-    moved = np.array([[3.0, 2.0], [95.0, 1.0], [97.0, 30.0], [1.0, 31.0]])
-    corners = np.array([[0.0, 0.0], [100.0, 0.0], [100.0, 32.0], [0.0, 32.0]])
-    matrix = np.array(homography(moved, corners))
-    for point, corner in zip(moved, corners):
-        x, y, depth = matrix @ [*point, 1]
-        assert np.allclose([x / depth, y / depth], corner)
+    moved = torch.tensor([[[3.0, 2.0], [95.0, 1.0], [97.0, 30.0], [1.0, 31.0]]])
+    corners = torch.tensor([[[0.0, 0.0], [100.0, 0.0], [100.0, 32.0], [0.0, 32.0]]])
+    matrix = homographies(moved, corners)[0]
+    for point, corner in zip(moved[0], corners[0]):
+        x, y, depth = matrix @ torch.tensor([*point, 1.0])
+        assert torch.allclose(torch.stack([x / depth, y / depth]), corner, atol=1e-3)
+
+
+def test_the_hash_is_lowbias32_to_the_bit_with_no_int64_overflow():
+    """Written out in Python's unbounded integers, the reference the tensor version must match."""
+
+    def reference(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    values = [0, 1, 2, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 123456789, 0xDEADBEEF]
+    assert mix32(torch.tensor(values)).tolist() == [reference(value) for value in values]
+
+
+def test_sample_random_draws_are_evenly_spread_and_each_sample_s_own():
+    seeds = torch.arange(1000) * 7919
+    random = SampleRandom(seeds, stream=3)
+    uniform, normal = random.uniform((100,)), random.normal((100,))
+    assert uniform.min() >= 0 and uniform.max() < 1 and abs(uniform.mean().item() - 0.5) < 0.01
+    assert abs(normal.mean().item()) < 0.01 and abs(normal.std().item() - 1) < 0.01
+    again = SampleRandom(seeds[500:], stream=3)  # a subset draws what it drew in the whole batch
+    assert torch.equal(again.uniform((100,)), uniform[500:]) and torch.equal(again.normal((100,)), normal[500:])
+    assert not torch.equal(SampleRandom(seeds, stream=4).uniform((100,)), uniform)  # another stream
 
 
 def test_training_samples_are_augmented_the_same_for_any_number_of_processes(synth):
     """Rank 1 of 2 gets the second half of each global batch, augmented exactly as one process would."""
     codec = CTCCodec(ALPHABET, fold_case=True)
-    transform = ImageTransform(Preprocessing(32, 100), augmentation=Augmentation.from_config("strong", {}))
+    transform = ImageTransform(Preprocessing(32, 100))
+    strong = DeviceTransform(transform, Augmentation.from_config("strong", {}))
     samples = SeededSamples([LmdbDataset(synth / "train", codec, 26, transform)])
+    collate = CollateBatch(codec, transform.output_shape, torch.uint8)
 
     def batches(rank: int, world_size: int) -> list[torch.Tensor]:
         sampler = GlobalBatchSampler([len(samples)], 8, rank, world_size, seed=0)
         sampler.set_steps(3, 5)
-        return [torch.stack([samples[item][0] for item in batch]) for batch in sampler]
+        collated = (collate([samples[item] for item in batch]) for batch in sampler)
+        return [strong(batch.images, batch.widths, batch.seeds) for batch in collated]
 
     whole, second_half = batches(0, 1), batches(1, 2)
     for full, half in zip(whole, second_half):
         assert torch.equal(full[4:], half)
-    plain = ImageTransform(Preprocessing(32, 100))
-    dataset = LmdbDataset(synth / "train", codec, 26, plain)
+    dataset = LmdbDataset(synth / "train", codec, 26, transform)
     sampler = GlobalBatchSampler([len(samples)], 8, 0, 1, seed=0)
     sampler.set_steps(3, 4)
     [batch] = list(sampler)

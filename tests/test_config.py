@@ -4,7 +4,7 @@ import pytest
 
 from data.transforms import Preprocessing
 from tests.conftest import REPO
-from training.config import ConfigError, from_dict, load_config, to_dict, validate
+from training.config import ConfigError, config_warnings, from_dict, load_config, to_dict, validate
 
 
 @pytest.mark.parametrize("name", sorted(path.name for path in (REPO / "configs").glob("*.yaml")))
@@ -118,3 +118,33 @@ def test_a_fine_tuning_config_builds_the_network_and_input_of_the_config_it_star
     assert Preprocessing.from_config(tuned) == Preprocessing.from_config(started)
     keys = ("alphabet", "fold_case", "eval_width_step")
     assert [getattr(tuned.data, key) for key in keys] == [getattr(started.data, key) for key in keys]
+
+
+@pytest.mark.parametrize("workers, expected", [("auto", "auto"), ("'auto'", "auto"), ("3", 3), ("0", 0)])
+def test_num_workers_takes_a_number_or_auto_and_a_checkpoint_keeps_auto(workers, expected):
+    config = load_config("crnn.yaml", [f"data.num_workers={workers}"])
+    validate(config)
+    assert config.data.num_workers == expected and type(config.data.num_workers) is type(expected)
+    assert from_dict(to_dict(config)) == config  # auto is resolved again where a run resumes, not stored resolved
+
+
+def test_num_workers_auto_in_a_yaml_file(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("data:\n  num_workers: auto\n")
+    assert load_config(str(path), []).data.num_workers == "auto"
+
+
+@pytest.mark.parametrize("workers", ["lots", "2.5", "AUTO", "true"])
+def test_a_bad_num_workers_is_named_with_what_it_takes(workers):
+    with pytest.raises(ConfigError, match=rf"'data.num_workers' must be an integer or auto, got '{workers}'"):
+        load_config("crnn.yaml", [f"data.num_workers={workers}"])
+
+
+def test_a_cpu_time_limit_on_a_gpu_points_at_the_gpu_recipe():
+    # Said at start-up, not changed: the run trains the config it was given.
+    config = load_config("crnn.yaml", [])
+    assert config_warnings(config, "cpu") == []
+    [warning] = config_warnings(config, "cuda")
+    assert warning.startswith("train.max_minutes=14 on a GPU: a time limit is a CPU recipe's")
+    assert "configs/crnn_gpu.yaml" in warning
+    assert config_warnings(load_config("crnn_gpu.yaml", []), "cuda") == []

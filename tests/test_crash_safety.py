@@ -79,7 +79,7 @@ def finish(process: subprocess.Popen, expect_success: bool = True, timeout: floa
 def train_records(out_dir: Path) -> list[dict]:
     """The logged training numbers, without the clock-dependent ones."""
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("time", "images_per_s")} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("time", "images_per_s", "data_wait_share")} for r in records]
 
 
 def wait_for_step(out_dir: Path, step: int, process: subprocess.Popen, timeout: float = 120) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import torch
 
 from data.samplers import ShardSampler
 from tests.conftest import REPO, run_env
-from utils.distributed import pick_device, process_group_backend, threads_per_process
+from utils.distributed import loader_workers, pick_device, process_group_backend, threads_per_process
 
 
 @pytest.mark.parametrize("length, world_size", [(33, 2), (10, 3), (2, 4), (0, 2)])
@@ -27,10 +28,40 @@ def test_device_ids_without_cuda_is_a_clear_error():
 
 def test_threads_split_the_cores_between_local_processes(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("utils.distributed.usable_cores", lambda: 8)
     assert threads_per_process(0, 4) == 2 and threads_per_process(3, 4) == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_per_process(0, 1) == 1
+
+
+def test_threads_count_only_the_cores_this_process_may_run_on(monkeypatch):
+    """A job scheduler's or taskset's share of the machine, not all of its cores: more threads than cores
+    slow every step several-fold."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert threads_per_process(0, 1) == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+@pytest.mark.parametrize(
+    "cores, processes, device, workers",
+    [
+        (16, 1, "cuda", 15),  # one GPU: every core but the training process's
+        (16, 2, "cuda", 7),
+        (16, 8, "cuda", 1),
+        (8, 8, "cuda", 1),  # no core to spare: still one, so that decoding runs beside the step
+        (4, 8, "cuda", 1),
+        (2, 1, "cpu", 0),  # the training processes fill the cores: they load their own batches
+        (64, 2, "cpu", 0),
+    ],
+)
+def test_auto_loader_workers_leave_a_core_for_each_training_process_on_gpus_and_none_on_the_cpu(
+    cores, processes, device, workers
+):
+    assert loader_workers(cores, processes, device) == workers
 
 
 @pytest.mark.slow

@@ -231,7 +231,8 @@ def test_a_new_augmentation_is_one_entry_and_its_config_key_comes_with_it(fork, 
         fork.root / "data" / "augment.py",
         "AUGMENTATIONS = (",
         '    AugmentationStep("erase", probability={"none": 0.0, "light": 0.1, "strong": 0.2},\n'
-        "                     apply=lambda pixels, strength, generator: pixels.index_fill(2, torch.arange(8), 0)),",
+        "                     apply=lambda pixels, widths, strength, random: pixels.index_fill(\n"
+        "                         3, torch.arange(8, device=pixels.device), 0)),",
     )
     plain = fork.train(*trained_on(synth), "data.augment=none", out_dir="runs/plain")
     erased = fork.train(*trained_on(synth), "data.augment=none", "augment.erase=1.0", out_dir="runs/erased")

@@ -29,7 +29,9 @@ def make_batch(poisoned: bool) -> Batch:
     images = torch.rand(2, 1, 32, 100, generator=torch.Generator().manual_seed(0)) * 2 - 1
     if poisoned:
         images[0, 0, 0, 0] = float("nan")  # what a broken augmentation or a corrupt tensor would do
-    return Batch(images, labels, targets, lengths, num_dropped=0)
+    return Batch(
+        images, labels, targets, lengths, num_dropped=0, widths=torch.tensor([100, 100]), seeds=torch.tensor([0, 1])
+    )
 
 
 def step(model: torch.nn.Module, trained: torch.nn.Module, poisoned: bool) -> bool:
@@ -38,6 +40,7 @@ def step(model: torch.nn.Module, trained: torch.nn.Module, poisoned: bool) -> bo
     _, _, taken = train_step(
         model,
         make_batch(poisoned),
+        inputs=lambda pixels, widths, seeds: pixels,  # the batch's images as they are: a NaN as augmentation could make
         optimizer=optimizer,
         scaler=scaler,
         grad_clip=5.0,

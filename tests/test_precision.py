@@ -218,3 +218,11 @@ def test_a_run_with_auto_measures_records_its_choice_and_resumes_with_it(synth, 
     )
     assert resumed.returncode == 0, resumed.stderr
     assert f"precision auto: {choice}, as the run measured it at its start" in resumed.stdout
+
+
+def test_a_gpu_that_only_emulates_bf16_trains_in_fp16(monkeypatch):
+    """torch.cuda.is_bf16_supported() answers True on a V100 or T4 by default, where bf16 is emulated and slow."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert candidate_precisions(torch.device("cuda", 0)) == ("fp16",)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert candidate_precisions(torch.device("cuda", 0)) == ("bf16",)

@@ -50,7 +50,9 @@ def test_mixed_datasets_and_tensorboard(synth, tmp_path):
 
     events = EventAccumulator(str(out_dir / "tensorboard"), size_guidance={"images": 0}).Reload()
     scalars = events.Tags()["scalars"]
-    assert {"train/loss", "train/lr", "train/images_per_s", "val/val/accuracy", "val/val/cer"} <= set(scalars)
+    assert {"train/loss", "train/lr", "train/images_per_s", "train/data_wait_share", "val/val/accuracy"} <= set(scalars)
+    assert "val/val/cer" in scalars
+    assert all(0 <= r["data_wait_share"] <= 1 for r in records if "lr" in r)
     assert [event.step for event in events.Scalars("train/loss")] == [2, 4]
     [samples] = events.Images("val/samples")
     assert samples.step == 4 and samples.width == 4 * (IMAGE_BOX[0] + 2 * PAD)  # a grid of 4 columns

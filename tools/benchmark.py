@@ -11,8 +11,8 @@ loop's figures. With --precision, that one alone. Measured in one run, each afte
 not timed:
 - train loop: the real data loader and training step (forward, fp32 CTC loss, backward, clipping,
   optimizer step; DDP when launched with torchrun), images/s;
-- compute floor: the same step on one batch already in memory, so the loop's fraction of it is what
-  data loading, host work and DDP cost;
+- compute floor: the same step (its augmentation on the device included) on one batch already in
+  memory, so the loop's fraction of it is what data loading, host work and DDP cost;
 - data loading alone: decode + transform + collate from the LMDB with the configured workers;
 - evaluation: `evaluation.evaluate.evaluate` over the first validation LMDB;
 - FLOPs per image (torch.utils.flop_counter), the device's dense matmul rate in the same precision,
@@ -201,7 +201,7 @@ def benchmark(config: Config, env: DistEnv, *, steps: int, warmup: int, compare:
         "channels_last": config.train.channels_last,
         "compile": config.train.compile,
         "global_batch": config.train.batch_size,
-        "augment": config.data.augment,  # applied in the loader workers, so it costs the loop only if they fall behind
+        "augment": config.data.augment,  # applied on the device in the training step: in the loop and its floor
         "model_settings": config.model.settings,
         "image_size": [config.data.img_height, config.data.img_width],
         "train_images_per_s": chosen["train_images_per_s"],
@@ -229,7 +229,7 @@ def loading(config: Config, env: DistEnv, *, steps: int, warmup: int) -> dict[st
     return {
         "device": device_name(env.device),
         "processes": env.world_size,
-        "num_workers_per_process": config.data.num_workers,
+        "num_workers_per_process": setup.loader_workers,  # data.num_workers, `auto` resolved
         "global_batch": config.train.batch_size,
         "augment": config.data.augment,
         "data_loading_images_per_s": summed_over_processes({"data_loading": per_process})["data_loading"],
@@ -248,7 +248,8 @@ def measure(
     setup.sampler.set_steps(0, 10**9)  # as many batches as the measurements take, from one pass of the loader
     batches = iter(setup.loader)
     first = next(batches)
-    images_in_memory = first.images.to(env.device, memory_format=setup.memory_format)
+    on_device = (tensor.to(env.device) for tensor in (first.images, first.widths, first.seeds))
+    images_in_memory = setup.device_transform(*on_device).contiguous(memory_format=setup.memory_format)
     forward_flops, train_flops = flops_per_image(setup.model, images_in_memory, first, env.device)
     measurements = training_steps(config, env, setup, model, precisions, first=first, batches=batches)
     per_process = best_of_rounds(measurements, steps=steps, warmup=warmup, device=env.device)
@@ -293,6 +294,7 @@ def training_steps(
         train_step(
             model,
             batch,
+            inputs=setup.device_transform,
             optimizer=setup.optimizer,
             scaler=setup.scaler,
             grad_clip=config.optim.grad_clip,
@@ -326,7 +328,7 @@ def eval_images_per_second(config: Config, env: DistEnv, setup: Setup, precision
     if not setup.val_sets:
         return 0.0
     val_loader = build_eval_loader(
-        setup.val_sets[0], setup.codec, config.train.eval_batch_size // env.world_size, config.data.num_workers, env
+        setup.val_sets[0], setup.codec, config.train.eval_batch_size // env.world_size, setup.loader_workers, env
     )
     evaluate(setup.model, val_loader, setup.codec, env, precision, config.train.channels_last)  # warm-up: workers
     start = time.perf_counter()

@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -106,7 +106,9 @@ class DataConfig:
     # With keep_aspect, evaluation pads each image only to the next multiple of this many pixels
     # and batches images of equal width (faster, same results for any batching); 0: pad to img_width.
     eval_width_step: int = resumable(8)
-    num_workers: int = resumable(2)  # data-loader worker processes per training process
+    # Data-loader worker processes per training process; auto: what keeps a GPU fed, resolved at start-up
+    # on each machine (utils/distributed.py's loader_workers), and kept as `auto` in checkpoints.
+    num_workers: int | Literal["auto"] = resumable(2)
     # Training-time augmentation: a level of data/augment.py's LEVELS; the `augment` section overrides
     # single probabilities. Never applied in validation, evaluation or prediction.
     augment: str = "light"
@@ -494,10 +496,22 @@ def coerce(value: Any, expected: Any, key: str, source: str) -> Any:
 
     typed = str(value) if isinstance(value, PlainText) else value  # as it was typed, for the messages
 
-    if isinstance(expected, types.UnionType):  # `float | None`: null, or a value of the other type
-        (inner,) = [option for option in typing.get_args(expected) if option is not type(None)]
-        null = value is None or isinstance(value, PlainText) and value in (*NULLS, "~")
-        return None if null else coerce(value, inner, key, source)
+    if typing.get_origin(expected) in (types.UnionType, typing.Union):
+        # `float | None`: null, or a value of the other type; `int | Literal["auto"]`: a word, or a value.
+        options = typing.get_args(expected)
+        if type(None) in options and (value is None or isinstance(value, PlainText) and value in (*NULLS, "~")):
+            return None
+        literals = [option for option in options if typing.get_origin(option) is Literal]
+        words = [word for literal in literals for word in typing.get_args(literal)]
+        if isinstance(value, str) and value in words:
+            return str(value)  # plain text, not PlainText: the config is dumped to YAML as it is
+        (inner,) = [option for option in options if option is not type(None) and option not in literals]
+        try:
+            return coerce(value, inner, key, source)
+        except ConfigError:
+            if not words:
+                raise
+            raise wrong(f"{'an integer' if inner is int else 'a number'} or {' or '.join(words)}") from None
 
     if typing.get_origin(expected) is list:
         (item_type,) = typing.get_args(expected)
@@ -612,7 +626,6 @@ def check_ranges(config: Config) -> None:
         "train.seed": (train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
         "train.threads": (train.threads, 0, math.inf),
         "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
-        "data.num_workers": (config.data.num_workers, 0, math.inf),
         "model.hidden_size": (config.model.hidden_size, 1, math.inf),
         "optim.lr": (optim.lr, 1e-12, math.inf),
         "optim.weight_decay": (optim.weight_decay, 0, 1e3),
@@ -622,6 +635,8 @@ def check_ranges(config: Config) -> None:
         "optim.grad_clip": (optim.grad_clip, 0, math.inf),
         "optim.ema_decay": (optim.ema_decay, 0, math.inf),
     }
+    if config.data.num_workers != "auto":
+        ranges["data.num_workers"] = (config.data.num_workers, 0, math.inf)
     if train.max_minutes is not None:  # null: no limit
         ranges["train.max_minutes"] = (train.max_minutes, 1e-3, math.inf)
     ranges.update({f"data.train_ratios[{i}]": (value, 0, math.inf) for i, value in enumerate(config.data.train_ratios)})
@@ -663,12 +678,18 @@ def check_datasets(config: Config) -> None:
         )
 
 
-def config_warnings(config: Config) -> list[str]:
-    """Keys that do not contradict each other but may not do what was meant: said at start-up, not refused
-    (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
-    steps = config.train.max_steps
-    warning = short_of_warmup(config.optim, steps, f"train.max_steps={steps}")
-    return [warning] if warning else []
+def config_warnings(config: Config, device_type: str) -> list[str]:
+    """Keys that do not contradict each other but may not do what was meant on a `device_type` device: said at
+    start-up, not refused (a short smoke run of a recipe with a long warm-up is a fair thing to ask for)."""
+    steps, minutes = config.train.max_steps, config.train.max_minutes
+    warnings = [short_of_warmup(config.optim, steps, f"train.max_steps={steps}")]
+    if minutes is not None and device_type == "cuda":  # said, not changed: nothing swaps the network silently
+        warnings.append(
+            f"train.max_minutes={minutes:g} on a GPU: a time limit is a CPU recipe's (configs/crnn.yaml fits its "
+            f"network, batch and steps to a 2-core CPU's minutes); the GPU recipe is configs/crnn_gpu.yaml, which "
+            f"has none"
+        )
+    return [warning for warning in warnings if warning]
 
 
 def short_of_warmup(optim: OptimConfig, steps: int, end: str) -> str | None:

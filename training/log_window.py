@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ class LogWindow:
         self.losses: list[torch.Tensor] = []
         self.infinite = torch.zeros((), dtype=torch.long, device=device)
         self.undecodable = self.skipped = self.samples = 0
+        self.waiting = 0.0  # seconds this process waited for the loader's next batch
         self.start = time.perf_counter()
 
     def add(self, loss: torch.Tensor | None, infinite: torch.Tensor, undecodable: int, samples: int) -> None:
@@ -34,6 +36,17 @@ class LogWindow:
         self.undecodable += undecodable
         self.samples += samples
 
+    def timed(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """`batches`, the time spent waiting for each one counted: the share of a step a starved GPU idles."""
+        batches = iter(batches)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                return
+            self.waiting += time.perf_counter() - start
+            yield batch
+
     def reduce(self) -> tuple[list[float], list[int]]:
         """Per-step losses and the counts (infinite, undecodable, skipped, samples), summed over all processes."""
         # Every rank skips the same steps, so every rank holds the same number of losses.
@@ -44,9 +57,12 @@ class LogWindow:
     def record(self, world_size: int) -> dict[str, Any]:
         """The log line's numbers (a collective); the window starts again empty."""
         losses, (infinite, undecodable, skipped, samples) = self.reduce()
+        seconds = time.perf_counter() - self.start
+        waiting = all_reduce_sum(torch.tensor([self.waiting], dtype=torch.float64)).item() / world_size
         record = {
             "loss": sum(losses) / world_size / max(len(losses), 1),
-            "images_per_s": samples / (time.perf_counter() - self.start),
+            "images_per_s": samples / seconds,
+            "data_wait_share": waiting / seconds,  # the processes' mean
             "infinite_losses": infinite,
             "undecodable_images": undecodable,
             "skipped_steps": skipped,
@@ -69,4 +85,4 @@ class LogWindow:
 
     def restart_clock(self) -> None:
         """Time spent evaluating or saving is not training throughput."""
-        self.samples, self.start = 0, time.perf_counter()
+        self.samples, self.waiting, self.start = 0, 0.0, time.perf_counter()

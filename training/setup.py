@@ -1,5 +1,6 @@
 """What a run trains with: the objects train.py's build_setup makes from the config, in one record, and the
-steps of building them that take more than a line there (the model, the datasets, the precision)."""
+steps of building them that take more than a line there (the model, the datasets, the loader workers, the
+precision)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from data.codec import CTCCodec
 from data.label_index import index_cache_dir
 from data.lmdb_dataset import LmdbDataset
 from data.samplers import GlobalBatchSampler
-from data.transforms import ImageTransform, Preprocessing, build_transform
+from data.transforms import DeviceTransform, ImageTransform, Preprocessing, build_transform
 from models import model_from_config, output_frames
 from training.config import Config, ConfigError
 from training.precision_choice import choose_precision
 from training.weight_average import WeightAverage
-from utils.distributed import DistEnv
+from utils.distributed import DistEnv, loader_workers, read_env, usable_cores
 from utils.sync_batchnorm import convert_sync_batchnorm
 
 
-@dataclass(kw_only=True)  # fourteen fields, several of one type: built by name, never by position
+@dataclass(kw_only=True)  # sixteen fields, several of one type: built by name, never by position
 class Setup:
     """What a run trains with, built from its config: shared by train.py and tools/benchmark.py."""
 
@@ -35,7 +36,9 @@ class Setup:
     val_sets: list[LmdbDataset]
     loader: DataLoader
     sampler: GlobalBatchSampler
+    device_transform: DeviceTransform  # the loader's uint8 pixels to the model's input: augmented, normalised
     precision: str
+    loader_workers: int  # data.num_workers, `auto` resolved for this machine (loader_workers_of)
     memory_format: torch.memory_format
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -65,9 +68,10 @@ def model_and_frames(config: Config, codec: CTCCodec, env: DistEnv) -> tuple[nn.
 def open_datasets(
     config: Config, preprocessing: Preprocessing, codec: CTCCodec, frames: int
 ) -> tuple[list[LmdbDataset], list[LmdbDataset]]:
-    """data.train's LMDBs, each with its own augmenting transform, and data.val's, which share one that never
-    augments. Each keeps the samples whose labels fit `codec` and `frames` (data.unknown_characters: whether a
-    character outside the alphabet leaves its sample out or is removed from its label)."""
+    """data.train's LMDBs, which share the transform whose uint8 pixels training augments on the device, and
+    data.val's, which share one that pads to data.eval_width_step. Each keeps the samples whose labels fit
+    `codec` and `frames` (data.unknown_characters: whether a character outside the alphabet leaves its
+    sample out or is removed from its label)."""
     data = config.data
     cache = index_cache_dir(data.index_cache)
     remove_unknown = data.unknown_characters == "remove"
@@ -75,7 +79,8 @@ def open_datasets(
     def open_lmdb(root: str, transform: ImageTransform) -> LmdbDataset:
         return LmdbDataset(root, codec, frames, transform, remove_unknown=remove_unknown, index_cache=cache)
 
-    train_sets = [open_lmdb(root, build_transform(config, preprocessing, train=True)) for root in data.train]
+    train_transform = build_transform(config, preprocessing, train=True)
+    train_sets = [open_lmdb(root, train_transform) for root in data.train]
     val_transform = build_transform(config, preprocessing)
     return train_sets, [open_lmdb(root, val_transform) for root in data.val]
 
@@ -107,3 +112,20 @@ def training_precision(
         is_main=env.is_main,
         group=env.cpu_group,
     )
+
+
+def loader_workers_of(config: Config, env: DistEnv, log: Callable[[str], None]) -> int:
+    """data.num_workers as a number: `auto` resolved for this machine and this run's processes, and said
+    once at start-up. The config keeps `auto`, so a run resumed on another machine resolves it again."""
+    workers = config.data.num_workers
+    if workers != "auto":
+        return workers
+    cores, processes = usable_cores(), read_env()[3]
+    workers = loader_workers(cores, processes, env.device.type)
+    if env.device.type == "cuda":
+        plural, floor = "es" if processes > 1 else "", "; at least 1" if cores // processes < 2 else ""
+        why = f"{cores} cores / {processes} process{plural}, one left for each training process{floor}"
+    else:
+        why = "on the CPU the training processes fill the cores themselves: each loads its own batches"
+    log(f"data.num_workers auto: {workers} loader worker{'s' if workers != 1 else ''} per process ({why})")
+    return workers

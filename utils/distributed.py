@@ -229,7 +229,24 @@ def threads_per_process(requested: int, local_world_size: int) -> int:
         return requested
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return max(1, env_int("OMP_NUM_THREADS", 1))
-    return max(1, (os.cpu_count() or 1) // local_world_size)
+    return max(1, usable_cores() // local_world_size)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (a container's, a job scheduler's or
+    taskset's share of the machine), where the system keeps one."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def loader_workers(cores: int, processes: int, device_type: str) -> int:
+    """data.num_workers `auto`: the loader workers per training process that keep its device fed. On a GPU,
+    the process's share of the `cores` it may use among the `processes` on its node, less one for the
+    training process itself, at least 1: decoding and augmenting on the CPU are what a GPU waits on. On the
+    CPU, 0: the training processes already fill the cores, and workers would only take turns with them
+    (configs/crnn.yaml's data.num_workers)."""
+    if device_type != "cuda":
+        return 0
+    return max(1, cores // processes - 1)
 
 
 def cleanup_distributed() -> None:
