@@ -4,6 +4,7 @@ that says less or more is reported, not obeyed). Keys: data/lmdb_keys.py."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,9 +42,13 @@ def open_lmdb(root: str | Path, readahead: bool = False) -> lmdb.Environment:
 _ENVIRONMENTS: dict[tuple[int, str], lmdb.Environment] = {}
 
 
+# Every sample read asks for its LMDB's environment: its path resolved once, not with three lstat calls each time.
+real_path = functools.lru_cache(maxsize=256)(os.path.realpath)
+
+
 def shared_lmdb(root: str | Path) -> lmdb.Environment:
     """This process's read-only environment for `root`, opened on first use and kept open."""
-    key = (os.getpid(), os.path.realpath(root))
+    key = (os.getpid(), real_path(str(root)))
     if key not in _ENVIRONMENTS:
         _ENVIRONMENTS[key] = open_lmdb(root)
     return _ENVIRONMENTS[key]
