@@ -122,12 +122,12 @@ class AugmentationStep:
 
 
 @functools.lru_cache(maxsize=64)
-def pixel_centres(height: int, width: int, device: torch.device) -> Tensor:
-    """`[3, H * W]`: each pixel's centre (x + 0.5, y + 0.5, 1), as homographies take it, row by row."""
+def pixel_centres(height: int, width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """`[1, H, W]` each: each pixel's centre, x + 0.5 and y + 0.5, as homographies take it."""
     ys, xs = torch.meshgrid(
         torch.arange(height, device=device) + 0.5, torch.arange(width, device=device) + 0.5, indexing="ij"
     )
-    return torch.stack([xs.flatten(), ys.flatten(), torch.ones(height * width, device=device)])
+    return xs[None], ys[None]
 
 
 def columns(pixels: Tensor) -> Tensor:
@@ -157,10 +157,13 @@ def warp(pixels: Tensor, widths: Tensor, to_source: Tensor) -> Tensor:
     # grid_sample pads with zeros: shifting by the fill first, and zeroing the padding columns, makes all
     # that lies outside the image the fill colour.
     shifted = (pixels - fill).masked_fill(columns(pixels) >= widths.view(-1, 1, 1, 1), 0)
-    # Followed by the step from pixels to grid_sample's coordinates, which run from -1 to 1 across the batch's width.
-    to_grid = torch.tensor([[2 / width, 0, -1], [0, 2 / height, -1], [0, 0, 1]], device=pixels.device)
-    points = to_grid @ to_source @ pixel_centres(height, width, pixels.device)  # [B, 3, H * W]
-    grid = (points[:, :2] / points[:, 2:]).transpose(1, 2).view(-1, height, width, 2)
+    # Written out element by element, not as a matrix product: a batched product's rounding can depend on
+    # the batch and the threads, and each image must come out the same in any batch.
+    xs, ys = pixel_centres(height, width, pixels.device)
+    matrix = to_source[..., None, None]  # [B, 3, 3, 1, 1]
+    x, y, depth = (matrix[:, row, 0] * xs + matrix[:, row, 1] * ys + matrix[:, row, 2] for row in range(3))
+    # grid_sample's coordinates run from -1 to 1 across the batch's width and height.
+    grid = torch.stack([x / depth * (2 / width) - 1, y / depth * (2 / height) - 1], dim=3)  # [B, H, W, 2]
     return F.grid_sample(shifted, grid, mode="bilinear", align_corners=False) + fill
 
 
@@ -168,7 +171,7 @@ def about_centre(widths: Tensor, height: int, linear: Tensor, shift: Tensor) -> 
     """`[B, 3, 3]`: the homography taking an output pixel to its source when each image moves by
     p -> centre + shift + linear^-1 @ (p - centre): `linear` `[B, 2, 2]` is the way back, `shift` `[B, 2]`."""
     centre = torch.stack([widths.float() / 2, torch.full_like(widths, height, dtype=torch.float32) / 2], dim=1)
-    offset = centre - (linear @ (centre + shift)[..., None])[..., 0]
+    offset = centre - (linear * (centre + shift)[:, None]).sum(dim=2)  # linear @ (centre + shift), per image
     matrix = torch.zeros(len(widths), 3, 3, device=widths.device)
     matrix[:, :2, :2], matrix[:, :2, 2], matrix[:, 2, 2] = linear, offset, 1
     return matrix
