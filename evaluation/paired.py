@@ -4,7 +4,7 @@ Two models read the same words, so their accuracies are paired: the words both r
 wrong say nothing about which is better, and only the words exactly one of them reads right do. The
 test is McNemar's, exact (a two-sided binomial test of those words against an even split), and the
 interval is the usual one for a difference of paired proportions (normal approximation). Two training
-runs of one recipe read IIIT5K's 3,000 words up to a point apart (docs/real-text-experiments.md), so a table that
+runs of one recipe read IIIT5K's 3,000 words up to a point apart (docs/real-text.md), so a table that
 ranks models a few tenths apart says nothing without this.
 """
 

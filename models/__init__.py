@@ -1,7 +1,8 @@
 """Models: pure nn.Modules, `forward(images [B, C, H, W]) -> logits [B, T, num_classes]`. The registry and
 what measures any model (registry.py), the parts several architectures share (layers.py), the CTC loss
 (losses.py), and one module per architecture, which registers itself with `@register_model("name")` when
-imported below.
+imported below: the CRNN (crnn.py), and the layouts of imported weights, deep-text-recognition-benchmark's
+and EasyOCR's (dtrb.py) and crnn.pytorch's (crnn_pytorch.py).
 
 Nothing but this file imports models/crnn.py: the rest of the project builds models by name
 (`model.arch`), and the parts other code shares live in layers.py. So a fork that drops the CRNN

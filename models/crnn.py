@@ -101,7 +101,8 @@ class CRNN(nn.Module):
             )
         # Each frame's classes from its own column of backbone features, added to the BiLSTMs': the
         # convolutions then learn characters from the first steps, through a path the LSTM's slow start
-        # does not block, and CTC leaves its all-blank plateau hundreds of steps sooner (docs/real-text-experiments.md).
+        # does not block, and CTC leaves its all-blank plateau hundreds of steps sooner
+        # (docs/real-text.md#why-the-recipe-is-what-it-is).
         self.shortcut = nn.Linear(channels[-1], num_classes) if cnn_shortcut else None
 
     def forward(self, images: Tensor) -> Tensor:

@@ -137,6 +137,16 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
         "--errors-count", type=positive_int, default=32, metavar="N", help="misreads in the --errors grid (default 32)"
     )
     parser.add_argument(
+        "--readings", type=Path, metavar="PATH.png", help="draw each set's first images and what the model read"
+    )
+    parser.add_argument(
+        "--readings-count",
+        type=positive_int,
+        default=12,
+        metavar="N",
+        help="images of each set in --readings (default 12)",
+    )
+    parser.add_argument(
         "--unknown-characters",
         default="remove",
         choices=UNKNOWN_CHARACTERS,
@@ -173,14 +183,15 @@ def check_args(args: argparse.Namespace) -> None:
         if real.count(os.path.realpath(root)) > 1:
             raise ValueError(f"LMDB {root} is listed twice")
     check_outputs(args)
-    if args.errors is not None and args.errors.suffix.lower() != ".png":
-        raise ValueError(f"--errors {args.errors}: the grid is written as a PNG image; give a path ending in .png")
+    for option, path in (("--errors", args.errors), ("--readings", args.readings)):
+        if path is not None and path.suffix.lower() != ".png":
+            raise ValueError(f"{option} {path}: the grid is written as a PNG image; give a path ending in .png")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """The files written after the evaluation can be written, and replace none of its inputs nor each other:
     found out now, not after minutes of evaluating."""
-    named = (("--json", args.json), ("--dump", args.dump), ("--errors", args.errors))
+    named = (("--json", args.json), ("--dump", args.dump), ("--errors", args.errors), ("--readings", args.readings))
     outputs = {option: path for option, path in named if path is not None}
     inputs = {os.path.realpath(args.checkpoint): "the checkpoint"}
     inputs.update((os.path.realpath(root), f"LMDB {root}") for root in args.lmdbs)
@@ -323,23 +334,41 @@ def draw_errors(
 ) -> int:
     """A grid of the `count` most confident misreads under `mode` (the most misleading ones); returns how many."""
     misreads = [
-        (-reading.confidence, position, index, label, reading.text)
+        (position, index, label, reading)
         for position, records in enumerate(predictions)
         for index, label, reading in records
         if is_correct(reading.text, label, mode, alphabet) is False
     ]
-    misreads = sorted(misreads)[:count]
+    misreads = sorted(misreads, key=lambda misread: -misread[3].confidence)[:count]  # stable: ties in LMDB order
+    draw_readings(path, sets, misreads, empty_note=f"no misreads under {mode}", mode=mode, alphabet=alphabet)
+    return len(misreads)
+
+
+def draw_first_readings(
+    path: Path, sets: list[dict], predictions: list[list[tuple]], mode: str, alphabet: str, count: int
+) -> int:
+    """A grid of each set's first `count` images in LMDB order, right and wrong; returns how many."""
+    first = [(position, *record) for position, records in enumerate(predictions) for record in records[:count]]
+    draw_readings(path, sets, first, empty_note="no images", mode=mode, alphabet=alphabet)
+    return len(first)
+
+
+def draw_readings(
+    path: Path, sets: list[dict], readings: list[tuple], empty_note: str, mode: str, alphabet: str
+) -> None:
+    """Each (set position, LMDB index, label, reading) as the image the model read, its label and its reading
+    (green where right under `mode`, red where wrong), written to `path` as a PNG."""
     cells = []
-    for negative_confidence, position, index, label, prediction in misreads:
+    for position, index, label, reading in readings:
         with shared_lmdb(sets[position]["path"]).begin() as txn:
             image = decode_image(bytes(txn.get(image_key(index))), "RGB")  # upright, as the model read it
-        source = f"{sets[position]['name']} #{index}  confidence {-negative_confidence:.3f}"
-        cells.append((image, [(f"label: {label}", "black"), (f"pred: {prediction}", "firebrick"), (source, "dimgray")]))
-    grid = caption_grid(cells, empty_note=f"no misreads under {mode}")
+        colour = "darkgreen" if is_correct(reading.text, label, mode, alphabet) else "firebrick"
+        source = f"{sets[position]['name']} #{index}  confidence {reading.confidence:.3f}"
+        cells.append((image, [(f"label: {label}", "black"), (f"pred: {reading.text}", colour), (source, "dimgray")]))
+    grid = caption_grid(cells, empty_note=empty_note)
     png = io.BytesIO()
     grid.save(png, format="PNG")
     write_bytes_atomically(path, png.getvalue())
-    return len(misreads)
 
 
 @dataclass(frozen=True)
@@ -398,7 +427,7 @@ def evaluate_set(
         index_cache=index_cache,
     )
     batches, in_pieces = set_batches(dataset, args, env, reader.long_crops)
-    records = []  # for --dump and --errors
+    records = []  # for --dump, --errors and --readings
     confidences = []  # for the accuracy by confidence
 
     def keep(batch: Batch, readings: list[Reading]) -> None:
@@ -475,6 +504,11 @@ def report(
     if args.errors:
         shown = draw_errors(args.errors, sets, merged, args.metric_mode, reader.codec.alphabet, args.errors_count)
         print(f"{shown} most confident misreads ({args.metric_mode}): {args.errors}")
+    if args.readings:
+        shown = draw_first_readings(
+            args.readings, sets, merged, args.metric_mode, reader.codec.alphabet, args.readings_count
+        )
+        print(f"{shown} readings: {args.readings}")
     if args.json:
         write_text_atomically(args.json, json.dumps(results, indent=2) + "\n")
 
@@ -487,7 +521,9 @@ def main() -> None:
     try:
         reader = load_reader(args, env, config)
         roots = sorted(zip(set_names(args.lmdbs), args.lmdbs), key=lambda pair: benchmark_order(pair[0]))
-        keep_predictions = args.dump is not None or args.errors is not None  # only then: they can be large
+        keep_predictions = any(
+            path is not None for path in (args.dump, args.errors, args.readings)
+        )  # they can be large
         sets, combined, predictions, scored = [], new_counts(), [], []
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()

@@ -17,11 +17,13 @@ from pathlib import Path
 WORDS_FILE = Path(__file__).resolve().parent / "words" / "english.txt"  # SCOWL: synthetic/words/LICENSE-SCOWL.txt
 # Shares of the three kinds of text, when the alphabet allows each. Single characters come only from
 # short numbers and random strings (0.9 %): a fourth kind drawing them 4 % of the time read IIIT5K's
-# single characters far better and IC15's crops worse, as one or two characters (docs/real-text-experiments.md).
+# single characters far better and IC15's crops worse, as one or two characters
+# (docs/real-text.md#why-the-recipe-is-what-it-is).
 KIND_WEIGHTS = {"word": 0.75, "number": 0.15, "random": 0.10}
 # As real crops are cased: of the real training crops' labels with letters (IIIT5K, SVT, IC15 train),
 # 55 % are UPPER, 26 % Capitalised, 17 % lower. Drawn 25 % UPPER before, the model read real UPPER
-# words worst; these shares read real training crops 2.1 points better (docs/real-text-experiments.md).
+# words worst; these shares read real training crops 2.1 points better
+# (docs/real-text.md#why-the-recipe-is-what-it-is).
 CASE_WEIGHTS = {"lower": 0.2, "capitalised": 0.25, "upper": 0.55}
 # Punctuation beside words, as on signs and in print ("Direction?", "PROF.", "HERE!"). A mark the
 # alphabet lacks is drawn but left out of the label, as the benchmarks' protocol scores it, so the

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, read_lmdb, run_env
+from conftest import read_lmdb, run_command, torchrun
 
 from training.checkpoint import load_checkpoint
 
@@ -33,12 +33,9 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 def train(
     synth: Path, out_dir: Path, *overrides: str, processes: int = 1, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={processes}",
+    # At most a few minutes: these runs take seconds on a GPU, and a hang must not spend a short GPU lease.
+    return run_command(
+        *torchrun(processes),
         "train.py",
         "--config",
         "crnn.yaml",
@@ -49,13 +46,10 @@ def train(
         "train.log_every=1",
         "data.num_workers=1",
         *overrides,
-    ]
-    # At most a few minutes: these runs take seconds on a GPU, and a hang must not spend a short GPU lease.
-    result = subprocess.run(
-        command, cwd=REPO, env={**run_env(), **(env or {})}, capture_output=True, text=True, timeout=240
+        env=env,
+        timeout=240,
+        check=True,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def losses(out_dir: Path) -> list[float]:
@@ -124,29 +118,23 @@ def test_device_ids_pick_the_gpu_through_cuda_visible_devices(synth, tmp_path):
         "device_ids=[0]",
         env={"CUDA_VISIBLE_DEVICES": "0"},
     )
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={tmp_path / 'bad'}",
-            "device_ids=[7]",
-        ],
-        cwd=REPO,
-        env={**run_env(), "CUDA_VISIBLE_DEVICES": "0"},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    missing = run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={tmp_path / 'bad'}",
+        "device_ids=[7]",
+        env={"CUDA_VISIBLE_DEVICES": "0"},
     )
     assert missing.returncode != 0 and "device_ids=[7]: GPU(s) [7] do not exist; this node has 1" in missing.stderr
 
 
 def test_batches_arrive_pinned_and_copy_without_blocking(synth):
-    from train import build_setup
     from training.config import load_config
+    from training.setup import build_setup
     from utils.distributed import DistEnv
 
     config = load_config(
@@ -168,38 +156,32 @@ def test_the_tools_read_the_same_on_cuda_as_on_the_cpu(tiny_run, synth, tmp_path
         (folder / f"{index}.png").write_bytes(image_bytes)
 
     def predict(device: str) -> list[str]:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "scripts/predict.py",
-                str(tiny_run / "best.pt"),
-                str(folder),
-                "--device",
-                device,
-                "--precision",
-                "fp32",
-            ],
-            cwd=REPO,
-            env=run_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = run_command(
+            sys.executable,
+            "scripts/predict.py",
+            tiny_run / "best.pt",
+            folder,
+            "--device",
+            device,
+            "--precision",
+            "fp32",
+            check=True,
         )
-        assert result.returncode == 0, result.stderr
         return [line.split("\t")[1] for line in result.stdout.splitlines()]
 
     assert predict("cuda:0") == predict("cpu")
 
     def evaluate(visible: str) -> str:
-        result = subprocess.run(
-            ["bash", "scripts/eval.sh", str(tiny_run / "best.pt"), str(synth / "val"), "--precision", "fp32"],
-            cwd=REPO,
-            env={**run_env(), "CUDA_VISIBLE_DEVICES": visible},
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = run_command(
+            "bash",
+            "scripts/eval.sh",
+            tiny_run / "best.pt",
+            synth / "val",
+            "--precision",
+            "fp32",
+            env={"CUDA_VISIBLE_DEVICES": visible},
+            check=True,
         )
-        assert result.returncode == 0, result.stderr
         return next(line for line in result.stdout.splitlines() if line.startswith("val "))
 
     assert evaluate("0").split()[:4] == evaluate("").split()[:4]  # set, evaluated, in LMDB, accuracy

@@ -15,52 +15,42 @@ import torch
 from PIL import Image
 
 from data.lmdb_writer import write_lmdb
-from tests.conftest import REPO, run_env
+from tests.conftest import REPO, SMALL_RUN, TORCHRUN_TWO, run_command, train_small
 from utils.precision import cpu_has_native_bf16
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
-TRAIN_OVERRIDES = [
-    "train.batch_size=8",
-    "train.max_steps=4",
-    "train.eval_every=2",
-    "train.log_every=1",
-    "train.eval_batch_size=8",
-    "data.num_workers=1",
-    "optim.warmup_steps=2",
-    "optim.lr=0.002",  # the compiled run's drift from eager grows with the rate: its tolerances are for this one
-    "train.precision=fp32",
-    "data.augment=strong",
-]  # validation and eval.sh must not augment: they are compared below
 
-
-def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True, timeout=600
+def train(
+    synth: Path, out_dir: Path, *overrides: str, launcher: tuple[str, ...] = TORCHRUN_TWO, check: bool = True
+) -> subprocess.CompletedProcess:
+    """train.py as a user runs it, for 4 steps: SMALL_RUN (train_small's) with validations every 2 steps, a loader
+    worker, a short warm-up, strong augmentation (validation and eval.sh must not augment: they are compared
+    below), and crnn.yaml's own model width and TensorBoard; then `overrides`."""
+    return train_small(
+        synth,
+        out_dir,
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "train.log_every=1",
+        "train.eval_batch_size=8",
+        "data.num_workers=1",
+        "optim.warmup_steps=2",
+        "optim.lr=0.002",  # the compiled run's drift from eager grows with the rate: its tolerances are for this one
+        "data.augment=strong",
+        "model.hidden_size=128",  # crnn.yaml's own, as the tolerances below were measured with
+        "train.tensorboard=true",
+        *overrides,
+        launcher=launcher,
+        timeout=600,
+        check=check,
     )
-    assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")
 def ddp_run(synth, tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("runs") / "ddp"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *TRAIN_OVERRIDES,
-        ]
-    )
+    train(synth, out_dir)
     return out_dir
 
 
@@ -84,23 +74,7 @@ def logged_losses(run_dir: Path) -> list[float]:
 
 def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "compiled"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *TRAIN_OVERRIDES,
-            "train.compile=true",
-        ]
-    )
+    train(synth, out_dir, "train.compile=true")
     compiled, eager = logged_losses(out_dir), logged_losses(ddp_run)
     # Step 1 runs both on the same weights: fused kernels only sum in another order. Later steps drift,
     # because Adam's first updates are about lr * sign(gradient), and the sign of a near-zero gradient
@@ -120,23 +94,7 @@ def test_compiled_ddp_training_computes_what_eager_does_and_saves_plain_names(dd
 )
 def test_bf16_training_on_a_cpu_that_runs_it_natively(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "bf16"
-    output = run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *TRAIN_OVERRIDES,
-            "train.precision=bf16",
-        ]
-    )
+    output = train(synth, out_dir, "train.precision=bf16")
     assert "precision bf16" in output.stdout + output.stderr
     bf16, fp32 = logged_losses(out_dir), logged_losses(ddp_run)
     # The same weights and batch: bf16's 8-bit mantissa moves the first loss by about 1e-2, not more.
@@ -155,14 +113,14 @@ import torch
 from models import build_model
 checkpoint = torch.load({str(ddp_run / 'best.pt')!r}, map_location='cpu', weights_only=True)
 settings = {{key: value for key, value in checkpoint['config']['model'].items() if key != 'sync_bn'}}
-model = build_model(num_classes=len(checkpoint['alphabet']) + 1, **settings)  # as the README loads it
+model = build_model(num_classes=len(checkpoint['alphabet']) + 1, **settings)  # as docs/training.md loads it
 model.load_state_dict(checkpoint['model'], strict=True)
 print(tuple(model.eval()(torch.zeros(1, 1, 32, 100)).shape))
 from training.checkpoint import load_model
 model, codec, config, preprocessing = load_model({str(ddp_run / 'best.pt')!r}, 'cpu')
 print(codec.alphabet)
 """
-    output = run([sys.executable, "-c", code]).stdout.split()
+    output = run_command(sys.executable, "-c", code, timeout=600, check=True).stdout.split()
     assert output[-4:-1] == ["(1,", "26,", "37)"] and output[-1] == "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
@@ -170,22 +128,21 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
     results = {}
     for nproc in (1, 2):
         json_path = tmp_path / f"eval{nproc}.json"
-        output = run(
-            [
-                "bash",
-                "scripts/eval.sh",
-                str(ddp_run / "best.pt"),
-                str(synth / "val"),
-                str(synth / "train"),
-                "--json",
-                str(json_path),
-                "--batch-size",
-                "5",
-                "--precision",
-                "fp32",
-            ],
-            NPROC=str(nproc),
-            PYTHON=sys.executable,
+        output = run_command(
+            "bash",
+            "scripts/eval.sh",
+            ddp_run / "best.pt",
+            synth / "val",
+            synth / "train",
+            "--json",
+            json_path,
+            "--batch-size",
+            "5",
+            "--precision",
+            "fp32",
+            env={"NPROC": str(nproc), "PYTHON": sys.executable},
+            timeout=600,
+            check=True,
         )
         table = output.stdout.split("\n\n")[0]  # not the accuracy-by-confidence table below it
         assert "combined (weighted by samples)" in table and table.count("val ") == 1
@@ -205,18 +162,18 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
 def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_path):
     """Both ranks evaluate with rank 0's BatchNorm statistics, i.e. the model in last.pt."""
     json_path = tmp_path / "last.json"
-    run(
-        [
-            "bash",
-            "scripts/eval.sh",
-            str(ddp_run / "last.pt"),
-            str(synth / "val"),
-            "--json",
-            str(json_path),
-            "--precision",
-            "fp32",
-        ],
-        PYTHON=sys.executable,
+    run_command(
+        "bash",
+        "scripts/eval.sh",
+        ddp_run / "last.pt",
+        synth / "val",
+        "--json",
+        json_path,
+        "--precision",
+        "fp32",
+        env={"PYTHON": sys.executable},
+        timeout=600,
+        check=True,
     )
     [offline] = json.loads(json_path.read_text())["sets"]
     records = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines()]
@@ -229,19 +186,8 @@ def test_validation_during_training_scores_the_saved_model(ddp_run, synth, tmp_p
 
 def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
     out_dir = tmp_path / "resumed"
-    output = run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *TRAIN_OVERRIDES,
-            "train.max_steps=6",
-            f"train.resume={ddp_run / 'last.pt'}",
-        ]
+    output = train(
+        synth, out_dir, "train.max_steps=6", f"train.resume={ddp_run / 'last.pt'}", launcher=(sys.executable,)
     )
     assert "resumed from" in output.stdout + output.stderr
     checkpoint = torch.load(out_dir / "last.pt", weights_only=True)
@@ -249,23 +195,8 @@ def test_one_process_resumes_a_ddp_checkpoint(ddp_run, synth, tmp_path):
 
 
 def test_resuming_from_weights_only_is_a_clear_error(ddp_run, synth, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={tmp_path / 'run'}",
-            *TRAIN_OVERRIDES,
-            f"train.resume={ddp_run / 'best.pt'}",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = train(
+        synth, tmp_path / "run", f"train.resume={ddp_run / 'best.pt'}", launcher=(sys.executable,), check=False
     )
     assert result.returncode == 1 and "holds weights only (best.pt?)" in result.stderr
 
@@ -273,24 +204,13 @@ def test_resuming_from_weights_only_is_a_clear_error(ddp_run, synth, tmp_path):
 def test_resuming_with_another_alphabet_is_a_clear_error(ddp_run, synth, tmp_path):
     """Another order of the same characters too: the classifier's rows would mean other characters."""
     for number, alphabet in enumerate(("0123456789abcdefghijklmnopqrstuvwxy", "1023456789abcdefghijklmnopqrstuvwxyz")):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "train.py",
-                "--config",
-                "crnn.yaml",
-                f"data.train=[{synth / 'train'}]",
-                f"data.val=[{synth / 'val'}]",
-                f"train.out_dir={tmp_path / str(number)}",
-                *TRAIN_OVERRIDES,
-                f"data.alphabet={alphabet}",
-                f"train.resume={ddp_run / 'last.pt'}",
-            ],
-            cwd=REPO,
-            env=run_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = train(
+            synth,
+            tmp_path / str(number),
+            f"data.alphabet={alphabet}",
+            f"train.resume={ddp_run / 'last.pt'}",
+            launcher=(sys.executable,),
+            check=False,
         )
         assert result.returncode == 1
         assert f"error: train.resume: {ddp_run / 'last.pt'} was trained with another alphabet" in result.stderr
@@ -305,26 +225,22 @@ def test_ddp_training_survives_batches_emptied_by_undecodable_images(tmp_path):
     samples = [(image.getvalue(), "ab") if i in (3, 11) else (not_an_image, "cd") for i in range(16)]
     write_lmdb(tmp_path / "broken", samples)
     out_dir = tmp_path / "run"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{tmp_path / 'broken'}]",
-            f"data.val=[{tmp_path / 'broken'}]",
-            f"train.out_dir={out_dir}",
-            "train.batch_size=4",
-            "train.max_steps=6",
-            "train.eval_every=6",
-            "train.log_every=6",
-            "data.num_workers=0",
-            "model.hidden_size=32",
-        ]
+    run_command(
+        *TORCHRUN_TWO,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{tmp_path / 'broken'}]",
+        f"data.val=[{tmp_path / 'broken'}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.batch_size=4",
+        "train.max_steps=6",
+        "train.eval_every=6",
+        "train.log_every=6",
+        "train.precision=auto",  # crnn.yaml's own
+        timeout=600,
+        check=True,
     )
     [record] = [
         json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' not in line

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from data.lmdb_writer import write_lmdb
 from data.transforms import build_transform
 from evaluation.metrics import compared_form, new_counts, summarize, update_counts
 from evaluation.visualize import COLUMNS, IMAGE_BOX, LINE_HEIGHT, PAD
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from tests.conftest import ALPHABET, read_lmdb, run_command
 from training.checkpoint import load_model
 
 # Metric modes on hand-made examples ---------------------------------------------------------------
@@ -85,19 +84,10 @@ def test_benchmark_mode_scores_a_symbol_emitting_model_as_dtrb_and_parseq_do():
 # Real runs of scripts/eval.sh ----------------------------------------------------------------------
 
 
-def run(command: list[str], **extra_env: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        command, cwd=REPO, env={**run_env(), **extra_env}, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
-
-
 def eval_sh(*args: str, nproc: int = 1) -> str:
-    return run(
-        ["bash", "scripts/eval.sh", *map(str, args), "--workers", "0", "--precision", "fp32"],
-        NPROC=str(nproc),
-        PYTHON=sys.executable,
+    env = {"NPROC": str(nproc), "PYTHON": sys.executable}
+    return run_command(
+        "bash", "scripts/eval.sh", *args, "--workers", "0", "--precision", "fp32", env=env, check=True
     ).stdout
 
 
@@ -108,6 +98,8 @@ def read_dump(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_run) -> Path:
+    """tiny_run's last.pt, the whole checkpoint (optimizer and raw weights beside the average), not conftest's
+    best.pt."""
     return tiny_run / "last.pt"
 
 
@@ -151,6 +143,7 @@ def results(checkpoint, benchmarks, tmp_path_factory) -> dict[int, dict]:
     results = {}
     for nproc, batch_size in ((1, 7), (2, 5)):
         paths = {key: out / f"{key}{nproc}.{key}" for key in ("json", "tsv", "png")}
+        paths["readings"] = out / f"readings{nproc}.png"
         stdout = eval_sh(
             checkpoint,
             benchmarks / "mine",
@@ -166,6 +159,10 @@ def results(checkpoint, benchmarks, tmp_path_factory) -> dict[int, dict]:
             paths["png"],
             "--errors-count",
             5,
+            "--readings",
+            paths["readings"],
+            "--readings-count",
+            3,
             nproc=nproc,
         )
         results[nproc] = {
@@ -174,6 +171,7 @@ def results(checkpoint, benchmarks, tmp_path_factory) -> dict[int, dict]:
             "dump": paths["tsv"].read_bytes(),
             "rows": read_dump(paths["tsv"]),
             "png": paths["png"],
+            "readings": paths["readings"],
         }
     return results
 
@@ -275,6 +273,16 @@ def test_errors_grid_holds_the_most_confident_misreads(results):
 
 
 @pytest.mark.slow
+def test_readings_grid_holds_each_sets_first_images(results):
+    """3 of each of the 3 sets, whatever the number of processes: the picture a user looks at first."""
+    assert "9 readings: " in results[1]["stdout"]
+    cell = (IMAGE_BOX[0] + 2 * PAD, IMAGE_BOX[1] + 3 * LINE_HEIGHT + 3 * PAD)  # three caption lines
+    with Image.open(results[1]["readings"]) as image:
+        assert image.format == "PNG" and image.size == (COLUMNS * cell[0], math.ceil(9 / COLUMNS) * cell[1])
+    assert results[1]["readings"].read_bytes() == results[2]["readings"].read_bytes()
+
+
+@pytest.mark.slow
 def test_bad_arguments_are_clear_errors_naming_the_file_or_option(checkpoint, benchmarks, tmp_path):
     lmdb, missing = benchmarks / "mine", tmp_path / "missing"
     cases = [
@@ -287,6 +295,10 @@ def test_bad_arguments_are_clear_errors_naming_the_file_or_option(checkpoint, be
         (
             [checkpoint, lmdb, "--errors", tmp_path / "e.jpg"],
             f"error: --errors {tmp_path / 'e.jpg'}: the grid is written as",
+        ),
+        (
+            [checkpoint, lmdb, "--readings", tmp_path / "r.jpg"],
+            f"error: --readings {tmp_path / 'r.jpg'}: the grid is written as",
         ),
     ]
     # One process runs the script's __main__ once per case (the checks come before any evaluation):
@@ -301,7 +313,7 @@ for argv in json.loads(sys.argv[1]):
         print(json.dumps(exit.code))
 """
     argvs = json.dumps([[str(arg) for arg in args] for args, _ in cases])
-    result = run([sys.executable, "-c", code, argvs])
+    result = run_command(sys.executable, "-c", code, argvs, check=True)
     messages = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(messages) == len(cases), result.stdout
     for message, (_, expected) in zip(messages, cases):

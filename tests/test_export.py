@@ -12,32 +12,22 @@ import pytest
 import torch
 
 from data.transforms import ImageTransform, Preprocessing
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
+from tests.conftest import ALPHABET, REPO, read_lmdb, run_command, write_images
 from training.checkpoint import load_model
 from training.config import load_config
 
 WIDTH = load_config("crnn.yaml", []).data.img_width
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tiny_run) -> Path:
-    return tiny_run / "best.pt"
-
-
 def export(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export.py"), *args],
-        env={**run_env(), **extra_env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """scripts/export.py by its full path, from the test's own folder, with `extra_env`."""
+    return run_command(sys.executable, REPO / "scripts" / "export.py", *args, cwd=None, env=extra_env)
 
 
 @torch.inference_mode()
 def assert_matches_pytorch(run, checkpoint: Path, synth: Path) -> None:
     """`run` (images -> logits) gives PyTorch's logits and texts at batch sizes 1 and 3, widths 100 and 160."""
-    from scripts.export import decoded_texts
+    from interop.export import decoded_texts
 
     model, codec, config, _ = load_model(checkpoint, "cpu")
     images = [image_bytes for image_bytes, _ in read_lmdb(synth / "val")[:3]]
@@ -135,7 +125,7 @@ def test_without_onnxruntime_the_onnx_check_is_skipped_with_a_message(checkpoint
 
 @torch.inference_mode()
 def test_the_check_fails_on_differing_logits_or_texts(checkpoint, synth):
-    from scripts.export import check_batches, compare
+    from interop.export import check_batches, compare
 
     model, codec, _, preprocessing = load_model(checkpoint, "cpu")
     batches = check_batches(
@@ -180,7 +170,7 @@ def readings_as_logits(texts: list[str], codec, frames: int) -> torch.Tensor:
 @torch.inference_mode()
 def test_the_int8_comparison_counts_agreement_on_every_image_and_accuracy_on_the_labelled_ones(synth, tmp_path):
     from data.codec import CTCCodec
-    from scripts.export import Int8Comparison, compare_int8, labelled_images
+    from interop.int8 import Int8Comparison, compare_int8, labelled_images
 
     write_images(synth, tmp_path / "images", 1)  # an image file: no label
     labels = [label for _, label in read_lmdb(synth / "val")]  # 33
@@ -206,7 +196,7 @@ def test_the_int8_comparison_counts_agreement_on_every_image_and_accuracy_on_the
 
 
 def test_the_int8_gate_refuses_a_drop_above_the_threshold_and_without_labels_bounds_it_by_the_texts_that_differ():
-    from scripts.export import Int8Comparison, int8_report
+    from interop.int8 import Int8Comparison, int8_report
 
     labelled = Int8Comparison(images=200, identical=194, scored=200, float_correct=180, int8_correct=177)
     lines, refusal = int8_report(labelled, "benchmark", 1.0)
@@ -280,7 +270,7 @@ def test_int8_dynamic_writes_an_integer_model_beside_the_float_one_and_times_bot
         )
     assert any(line.startswith("  file size: float ") for line in lines)
 
-    # The LSTM and the classifier read int8 weights; the convolutions stay float (see DYNAMIC_OP_TYPES).
+    # The LSTM and the classifier read int8 weights; the convolutions stay float (interop/int8.py's DYNAMIC_OP_TYPES).
     assert {"DynamicQuantizeLSTM", "MatMulInteger", "DynamicQuantizeLinear"} <= op_types(int8)
     assert not {"LSTM", "MatMul", "ConvInteger"} & op_types(int8)
     float_session, int8_session = (

@@ -14,16 +14,24 @@ from packaging.version import Version
 from tests.conftest import REPO
 
 
+def readme_blocks() -> list[str]:
+    """README's shell blocks that set up from scratch (they start with `python3 -m venv .venv`), one step a line."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", (REPO / "README.md").read_text(encoding="utf-8"), re.M | re.S)
+    return [block for block in blocks if block.startswith("python3 -m venv .venv")]
+
+
 def readme_commands() -> list[str]:
-    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    return [line for line in lines if line.startswith("python3 -m venv .venv")]
+    """Each of those blocks as one command line, its steps joined by `&&`."""
+    return [" && ".join(block.splitlines()) for block in readme_blocks()]
 
 
 def test_ci_runs_the_readme_test_command():
-    commands = readme_commands()
-    assert len(commands) == 2, "README opens with two commands: train, and test"
-    test_command = next(command for command in commands if "pytest" in command)
-    assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    blocks = readme_blocks()
+    assert len(blocks) == 2, "README opens with two commands: train, and test"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.index(blocks[1]) < readme.index("\n## "), "both come before the first section"
+    test_block = next(block for block in blocks if "pytest" in block)
+    assert test_block in (REPO / ".ci" / "run").read_text(encoding="utf-8"), ".ci/run runs the README's block verbatim"
 
 
 def test_readme_train_command_uses_the_default_config_and_eval_sh():
@@ -106,6 +114,58 @@ def test_every_link_between_the_docs_reaches_its_file_and_heading():
             elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def project_files(*patterns: str) -> list:
+    """The repository's own files matching `patterns`, without what a run, a venv or a tool leaves."""
+    skipped = {".venv", ".git", ".gpu_check", "runs", "datasets", "build", "node_modules"}
+    return [
+        path
+        for pattern in patterns
+        for path in sorted(REPO.rglob(pattern))
+        if not skipped & set(path.relative_to(REPO).parts) and ".egg-info" not in str(path)
+    ]
+
+
+def test_configs_and_code_point_only_at_docs_that_exist():
+    """A pointer into docs/ (a page, and maybe its #heading) in a config or a code comment names what exists: a doc
+    removed or a section renamed leaves no pointer dangling in the template a fork inherits."""
+    broken = []
+    for path in project_files("*.py", "*.yaml", "*.sh", "*.toml", "run"):
+        if path.is_dir():
+            continue
+        for page, anchor in re.findall(r"docs/([\w.-]+\.md)(?:#([\w-]+))?", path.read_text(encoding="utf-8")):
+            target = REPO / "docs" / page
+            if not target.is_file():
+                broken.append(f"{path.relative_to(REPO)}: docs/{page} (no such file)")
+            elif anchor and anchor not in heading_anchors(target.read_text(encoding="utf-8")):
+                broken.append(f"{path.relative_to(REPO)}: docs/{page}#{anchor} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("package", ["models", "data", "training", "evaluation", "synthetic", "interop", "utils"])
+def test_each_package_says_what_every_module_of_it_holds(package):
+    """A package's docstring is where a reader learns which module holds what: a module added or renamed
+    without a word there is one the reader cannot find."""
+    docstring = (REPO / package / "__init__.py").read_text(encoding="utf-8").split('"""')[1]
+    modules = sorted(path.name for path in (REPO / package).glob("*.py") if path.name != "__init__.py")
+    assert [name for name in modules if name not in docstring] == []
+
+
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+P_VALUE = re.compile(r"\bp(?:\s*[<=>]\s*| )0?\.\d")
+
+
+def test_readme_and_configs_hold_no_commit_hash_nor_p_value():
+    """What a fork inherits describes the project as it is: the history of how a recipe was chosen lives in
+    git's, not in the landing page or the recipes."""
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in [REPO / "README.md", *project_files("configs/*.yaml")]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if COMMIT_HASH.search(line) or P_VALUE.search(line)
+    ]
+    assert not found, "\n".join(found)
 
 
 def constraints() -> dict[str, Version]:

@@ -38,9 +38,10 @@ from data.lmdb_dataset import Batch
 from data.loaders import build_eval_loader
 from evaluation.evaluate import evaluate
 from models.losses import ctc_losses
-from train import build_setup, load_run_config, train_step, wrap_for_training
+from train import load_run_config, train_step
 from training.config import Config, ConfigFileOption
-from training.setup import Setup
+from training.run import Setup
+from training.setup import build_setup, wrap_for_training
 from utils import cli
 from utils.distributed import DistEnv, all_reduce_sum, cleanup_distributed, setup_distributed
 from utils.precision import PRECISIONS, autocast, candidate_precisions

@@ -1,5 +1,9 @@
-"""A training run: its schema (config.py: every key, its default and its range), its optimizers and
-schedules (optim.py), what it trains with (setup.py), the checkpoint schema (checkpoint.py), the run
-folder (run_folder.py), the log's sinks (run_log.py) and its numbers summed over ranks (log_window.py),
-the state the loop changes (state.py), and the run as one object that saves and resumes in one call
-each (run.py). The loop itself is train.py."""
+"""A training run: its schema (config.py: every key, its default and its range; config_yaml.py reads YAML
+files and key=value overrides into it), its optimizers and
+schedules (optim.py), the run set up from its config, in one place (setup.py), the checkpoint schema
+(checkpoint.py), the run folder (run_folder.py), the log's sinks (run_log.py) and its numbers summed over
+ranks (log_window.py), the state the loop changes (state.py), the run as one object, what it trains with
+included, that saves and resumes in one call each (run.py), and train.max_minutes: its arithmetic
+(time_budget.py) and the one object the loop calls (time_limit.py); the moving average of the weights
+(weight_average.py) and precision auto's timing of fp32 against bf16 (precision_choice.py). The loop
+itself is train.py."""

@@ -1,4 +1,5 @@
-"""A training run as one object, and its state as a training checkpoint holds it: saved with one call
+"""A training run as one object: what it trains with (`Setup`, which training/setup.py builds), how far its
+loop has come (`TrainState`), and its state as a training checkpoint holds it: saved with one call
 (`Run.state_dict()`) and resumed with one (`Run.load_state_dict()`)."""
 
 from __future__ import annotations
@@ -8,15 +9,49 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader
 
+from data.codec import CTCCodec
+from data.lmdb_dataset import LmdbDataset
+from data.samplers import GlobalBatchSampler
+from data.transforms import DeviceTransform, Preprocessing
 from training.checkpoint import is_training_checkpoint, weights_checkpoint
 from training.config import Config
 from training.optim import apply_schedule, fit_schedule
-from training.setup import Setup
 from training.state import TrainState
 from training.time_budget import Plan
+from training.weight_average import WeightAverage
 from utils.distributed import DistEnv, gather_objects
 from utils.rng import capture_rng_state
+
+
+@dataclass(kw_only=True)  # sixteen fields, several of one type: built by name, never by position
+class Setup:
+    """What a run trains with, built from its config (training/setup.py's build_setup): shared by train.py
+    and tools/benchmark.py."""
+
+    codec: CTCCodec
+    preprocessing: Preprocessing  # what turns an image into the model's input; stored in every checkpoint
+    model: nn.Module  # on the device, not wrapped: the one the optimizer steps
+    frames: int  # per image: the longest label CTC can align
+    train_sets: list[LmdbDataset]
+    val_sets: list[LmdbDataset]
+    loader: DataLoader
+    sampler: GlobalBatchSampler
+    device_transform: DeviceTransform  # the loader's uint8 pixels to the model's input: augmented, normalised
+    precision: str
+    loader_workers: int  # data.num_workers, `auto` resolved for this machine (setup.py's loader_workers_of)
+    memory_format: torch.memory_format
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    average: WeightAverage | None  # optim.ema_decay > 0: the moving average of model's weights
+
+    @property
+    def evaluated_model(self) -> nn.Module:
+        """What validation scores and checkpoints hold: the weight average when the run keeps one."""
+        return self.average.model if self.average is not None else self.model
 
 
 @dataclass(kw_only=True)
@@ -26,7 +61,7 @@ class Run:
     The training part of the checkpoint schema (training/checkpoint.py lists every key) is written by
     `state_dict()` and restored by `load_state_dict()`, side by side so that they cannot drift apart.
     What a resume only compares with this run (config, data sizes) and the RNG states, restored last,
-    are train.py's.
+    are training/setup.py's.
     """
 
     config: Config

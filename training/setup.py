@@ -1,54 +1,157 @@
-"""What a run trains with: the objects train.py's build_setup makes from the config, in one record, and the
-steps of building them that take more than a line there (the model, the datasets, the loader workers, the
-precision)."""
+"""A run set up, from its config to the loop's first step, in one place: `start_run` runs the stages in the
+order they must run (the checkpoint it resumes, what it trains with, its state, its folder, its validation
+loaders, the model the loop steps), and each stage follows it in that order. The run folder's lock, held while
+the run lives, is `holding_run_folder`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.label_index import index_cache_dir
 from data.lmdb_dataset import LmdbDataset
-from data.samplers import GlobalBatchSampler
-from data.transforms import DeviceTransform, ImageTransform, Preprocessing, build_transform
-from models import model_from_config, output_frames
-from training.config import Config, ConfigError
+from data.loaders import build_eval_loader, build_train_loader
+from data.transforms import ImageTransform, Preprocessing, build_device_transform, build_transform
+from models import count_parameters, model_from_config, output_frames
+from training.checkpoint import check_config, load_checkpoint, load_initial_weights
+from training.config import Config, ConfigError, config_warnings, to_dict
+from training.log_window import LogWindow
+from training.optim import build_optimizer
 from training.precision_choice import choose_precision
+from training.run import Run, Setup
+from training.run_folder import (
+    best_in_folder,
+    clear_run_folder,
+    find_latest_checkpoint,
+    lock_run_folder,
+    unlock_run_folder,
+    write_config,
+)
+from training.run_log import RunLog
+from training.state import TrainState
+from training.time_limit import TimeLimit
 from training.weight_average import WeightAverage
-from utils.distributed import DistEnv, loader_workers, read_env, usable_cores
+from utils.distributed import DistEnv, broadcast_object, loader_workers, read_env, usable_cores
+from utils.rng import restore_rng_state
 from utils.sync_batchnorm import convert_sync_batchnorm
 
+Checkpoint = tuple[str, dict[str, Any]]  # the path of a training checkpoint to resume, and what it holds
 
-@dataclass(kw_only=True)  # sixteen fields, several of one type: built by name, never by position
-class Setup:
-    """What a run trains with, built from its config: shared by train.py and tools/benchmark.py."""
 
-    codec: CTCCodec
-    preprocessing: Preprocessing  # what turns an image into the model's input; stored in every checkpoint
-    model: nn.Module  # on the device, not wrapped: the one the optimizer steps
-    frames: int  # per image: the longest label CTC can align
-    train_sets: list[LmdbDataset]
-    val_sets: list[LmdbDataset]
-    loader: DataLoader
-    sampler: GlobalBatchSampler
-    device_transform: DeviceTransform  # the loader's uint8 pixels to the model's input: augmented, normalised
-    precision: str
-    loader_workers: int  # data.num_workers, `auto` resolved for this machine (loader_workers_of)
-    memory_format: torch.memory_format
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    average: WeightAverage | None  # optim.ema_decay > 0: the moving average of model's weights
+@contextmanager
+def holding_run_folder(config: Config, env: DistEnv, log: RunLog) -> Iterator[None]:
+    """Rank 0 locks the run folder (training.run_folder.lock_run_folder) for as long as the run lives; every
+    rank stops alike when another run holds it."""
+    lock, refusal = None, ""
+    if env.is_main:
+        try:
+            lock, leftovers = lock_run_folder(config.train.out_dir)
+        except ConfigError as error:
+            refusal = str(error)
+        else:
+            if leftovers:
+                log.info(
+                    f"removed {len(leftovers)} temporary file(s) a run killed while writing left: "
+                    f"{', '.join(path.name for path in leftovers)}"
+                )
+    refusal = broadcast_object(refusal, group=env.cpu_group)
+    if refusal:
+        raise ConfigError(refusal)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            unlock_run_folder(lock)
 
-    @property
-    def evaluated_model(self) -> nn.Module:
-        """What validation scores and checkpoints hold: the weight average when the run keeps one."""
-        return self.average.model if self.average is not None else self.model
+
+def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module, list[DataLoader]]:
+    """The run, resumed or started afresh and described in the log; the model the loop steps
+    (run.setup.model, wrapped by wrap_for_training); the loaders of data.val."""
+    resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
+    log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
+    setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
+    state = TrainState(window=LogWindow(env.device), end=config.train.max_steps)
+    run = Run(config=config, env=env, setup=setup, state=state)
+    if resume_from:
+        resume(run, log, *resume_from)
+    elif config.train.init_from:
+        log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet, config))
+    if not config.train.overwrite:
+        keep_best_of_folder(run, log)
+    start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
+    val_loaders = build_val_loaders(run, log)
+    model = wrap_for_training(setup.model, env, config.train.compile)
+    describe_run(run, log)
+    if resume_from:  # last: model building and data loading above draw random numbers too
+        restore_random_state(resume_from[1]["rng"], env, log)
+    return run, model, val_loaders
+
+
+def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> Checkpoint | None:
+    """The checkpoint this run continues from, the same on every rank: rank 0 chooses, the others load it."""
+    resume = config.train.resume
+    if resume == "none" or (resume == "auto" and config.train.overwrite):
+        return None
+    if resume != "auto":
+        return resume, load_checkpoint(resume)
+    found = find_latest_checkpoint(config.train.out_dir, warn=log.info) if env.is_main else None
+    path = broadcast_object(str(found[0]) if found else "", group=env.cpu_group)
+    if not path:
+        return None
+    return path, found[1] if env.is_main else load_checkpoint(path)
+
+
+def build_setup(
+    config: Config, env: DistEnv, log: Callable[[str], None] = print, recorded_precision: str | None = None
+) -> Setup:
+    """Everything the run trains with. `recorded_precision`: the one a resumed run measured at its start,
+    kept under `auto` so that the run goes on as it began."""
+    torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    data = config.data
+    codec = CTCCodec(load_alphabet(data.alphabet), fold_case=data.fold_case)
+    model, frames = model_and_frames(config, codec, env)
+    preprocessing = Preprocessing.from_config(config)  # the datasets' and every checkpoint's: one record
+    train_sets, val_sets = open_datasets(config, preprocessing, codec, frames)
+    workers = loader_workers_of(config, env, log)  # data.num_workers `auto`: resolved for this machine
+    loader, sampler = build_train_loader(
+        train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, workers, env
+    )
+    memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
+    model.to(env.device, memory_format=memory_format)
+    precision = training_precision(config, env, model, memory_format, log, recorded_precision)
+    optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, model)
+    # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
+    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
+    average = WeightAverage(model, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
+    return Setup(
+        codec=codec,
+        preprocessing=preprocessing,
+        model=model,
+        frames=frames,
+        train_sets=train_sets,
+        val_sets=val_sets,
+        loader=loader,
+        sampler=sampler,
+        device_transform=build_device_transform(config, train_sets[0].transform),
+        precision=precision,
+        loader_workers=workers,
+        memory_format=memory_format,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        average=average,
+    )
 
 
 def model_and_frames(config: Config, codec: CTCCodec, env: DistEnv) -> tuple[nn.Module, int]:
@@ -129,3 +232,126 @@ def loader_workers_of(config: Config, env: DistEnv, log: Callable[[str], None]) 
         why = "on the CPU the training processes fill the cores themselves: each loads its own batches"
     log(f"data.num_workers auto: {workers} loader worker{'s' if workers != 1 else ''} per process ({why})")
     return workers
+
+
+def resume(run: Run, log: RunLog, path: str, checkpoint: dict[str, Any]) -> None:
+    """Continue from `checkpoint` (at `path`), after checking it against this run's config, and say what
+    this run does differently."""
+    config, state, sampler = run.config, run.state, run.setup.sampler
+    changes = check_config(checkpoint, path, config, "train.resume")
+    run.load_state_dict(checkpoint, path)
+    if changes:
+        log.info("changed on resume (this run's values apply):\n  " + "\n  ".join(changes))
+    if state.step > config.train.max_steps:  # the loop would end at once, having trained and saved nothing
+        raise ConfigError(
+            f"train.max_steps={config.train.max_steps}: {path} is at step {state.step} already; set "
+            f"train.max_steps above {state.step} to train it further"
+        )
+    measured_on = checkpoint["config"]["data"]["val"]
+    if measured_on != config.data.val:  # a score of other sets would block every best.pt of these
+        log.info(
+            f"best val accuracy {state.best_accuracy:.4f} was measured on data.val {measured_on}; this run "
+            f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
+            f"best.pt"
+        )
+        state.best_accuracy = TrainState.best_accuracy
+    if checkpoint["data_sizes"] != sampler.sizes:
+        log.info(
+            f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
+            f"the batches from here on are not those the run would have seen (not an exact resume)"
+        )
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    log.info(
+        f"resumed from {path} at step {state.step} (epoch {state.step // sampler.batches_per_epoch}); "
+        f"torchrun restart {restart}"
+    )
+
+
+def keep_best_of_folder(run: Run, log: RunLog) -> None:
+    """A best.pt already in the folder, scored on these data.val sets, is replaced only by a better score:
+    a run started afresh or resumed from an older checkpoint must not put worse weights under its name."""
+    config, env, state = run.config, run.env, run.state
+    kept = best_in_folder(config.train.out_dir, config.data.val, log.info) if env.is_main else None
+    kept = broadcast_object(kept, group=env.cpu_group)
+    if kept is not None and kept > state.best_accuracy:
+        log.info(
+            f"{Path(config.train.out_dir) / 'best.pt'} scores {kept:.4f} on data.val; a validation must beat it "
+            f"to replace it"
+        )
+        state.best_accuracy = kept
+
+
+def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: Checkpoint | None) -> None:
+    """Only now, with the data read and the model built, does the run write to its folder: a start that
+    fails leaves nothing there to bind the folder to a config."""
+    if not env.is_main:
+        return
+    out_dir = Path(config.train.out_dir)  # made by holding_run_folder's lock
+    if config.train.overwrite:
+        clear_run_folder(out_dir)
+    write_config(out_dir, config)
+    resumed_step = resume_from[1]["step"] if resume_from else 0
+    log.drop_records_after(resumed_step)
+    if config.train.tensorboard:
+        log.start_tensorboard(first_step=resumed_step + 1 if resume_from else 0)
+
+
+def build_val_loaders(run: Run, log: RunLog) -> list[DataLoader]:
+    config, env, setup = run.config, run.env, run.setup
+    for dataset in setup.train_sets + setup.val_sets:
+        log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
+    loaders = [
+        build_eval_loader(
+            dataset, setup.codec, config.train.eval_batch_size // env.world_size, setup.loader_workers, env
+        )
+        for dataset in setup.val_sets
+    ]
+    # Their persistent workers are forked now, while no other thread runs: a fork at the first
+    # validation, with DDP's threads busy, can deadlock the child on CPython < 3.12 (cpython#112275).
+    for loader in loaders:
+        iter(loader)
+    return loaders
+
+
+def wrap_for_training(model: nn.Module, env: DistEnv, compile: bool) -> nn.Module:
+    """What the training step calls: `model` in DDP when distributed, then compiled if asked.
+    Parameters are shared, so `model` itself stays the one to save and evaluate."""
+    if env.distributed:
+        # Bucket views: gradients live in DDP's all-reduce buffers, no copy in or out. (static_graph=True
+        # measured no gain here: docs/performance.md.)
+        model = DistributedDataParallel(
+            model, device_ids=[env.device] if env.device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
+    # Compiled around DDP, as PyTorch recommends: the compiler then splits graphs at bucket boundaries
+    # so gradient all-reduces still overlap the backward pass.
+    return torch.compile(model) if compile else model
+
+
+def describe_run(run: Run, log: RunLog) -> None:
+    config, env, setup = run.config, run.env, run.setup
+    per_process = config.train.batch_size // env.world_size
+    log.info(
+        f"{config.model.arch}: {count_parameters(setup.model) / 1e6:.2f} M parameters, {setup.frames} frames "
+        f"per image, {setup.codec.num_classes - 1} characters"
+    )
+    log.info(
+        f"{env.world_size} process(es) on {env.device.type} x {torch.get_num_threads()} thread(s), "
+        f"global batch {config.train.batch_size} = {env.world_size} x {per_process}, lr {config.optim.lr}, "
+        f"{run.state.end} steps, precision {setup.precision}, {setup.sampler.batches_per_epoch} "
+        f"steps per epoch"
+    )
+    time_limit = TimeLimit.start_up_line(run)
+    if time_limit:
+        log.info(time_limit)
+    for warning in config_warnings(config, env.device.type):
+        log.info(f"warning: {warning}")
+
+
+def restore_random_state(states: list[dict[str, Any]], env: DistEnv, log: RunLog) -> None:
+    if len(states) == env.world_size:
+        restore_rng_state(states[env.rank], env.device)
+    else:
+        log.info(
+            f"warning: the checkpoint holds RNG states of {len(states)} processes, this run has "
+            f"{env.world_size}: random streams restart (the data order is still exact)"
+        )

@@ -13,6 +13,9 @@ train.max_minutes and train.max_steps goes on to the planned step, wherever it r
 What it counts: the training loop, validations and checkpoints included, from its first step; not the
 start-up before it, nor what ran before train.py. It is a plan, not a deadline: what drifts in the last
 `REPLAN_EVERY` steps, and the last validation itself, end the run early or late by as much.
+
+This module is the arithmetic and the clock; training/time_limit.py's `TimeLimit` carries the plans out in
+the loop.
 """
 
 from __future__ import annotations
