@@ -1,8 +1,10 @@
-"""Shared fixtures: small real LMDBs made by the project's own generator."""
+"""Shared fixtures and helpers: small real LMDBs made by the project's own generator, a small trained run and
+its checkpoint, the small-run recipe (SMALL_RUN), the torchrun launcher, and how a test runs a command."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,18 +24,75 @@ def run_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path}
 
 
-# Small runs of train.py: a small LSTM, loading in the process, fp32, no TensorBoard.
-SMALL = [
+# The small run every test of train.py starts from: a small LSTM, loading in the process, fp32, no TensorBoard.
+# A test that needs something else says so after it, e.g. [*SMALL_RUN, "train.max_steps=40"]: the last value wins.
+SMALL_RUN = (
     "model.hidden_size=32",
     "data.num_workers=0",
     "train.precision=fp32",
     "train.batch_size=8",
     "train.tensorboard=false",
-]
-TORCHRUN_TWO = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+)
+# The launcher, spelled once: torchrun as `python -m`, so that it runs with this interpreter.
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+
+
+def torchrun(processes: int = 2, *options: str) -> tuple[str, ...]:
+    """The launcher of `processes` processes on this machine alone (--standalone), with `options`."""
+    return (*TORCHRUN, "--standalone", f"--nproc_per_node={processes}", *options)
+
+
+TORCHRUN_TWO = torchrun(2)
 # torchrun stops the other ranks as soon as it sees one exit with an error, and it looks every 0.1 s: a test
 # that every rank reports the same start-up error on its own gives the slower rank 5 s to reach it.
-TORCHRUN_TWO_UNTIL_EACH_FAILS = (*TORCHRUN_TWO, "--monitor-interval=5")
+TORCHRUN_TWO_UNTIL_EACH_FAILS = torchrun(2, "--monitor-interval=5")
+
+
+def run_command(
+    *command: object,
+    cwd: Path | None = REPO,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
+    """`command` (each part as text) run to its end from `cwd` (None: this process's folder), in run_env() with
+    `env` over it, its stdout and stderr captured as text; its result, whatever the exit code unless `check`,
+    which asserts that it succeeded and shows the ends of its output if not."""
+    parts = [str(part) for part in command]
+    result = subprocess.run(
+        parts, cwd=cwd, env={**run_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert result.returncode == 0, f"{shlex.join(parts)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def start_command(
+    *command: object, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE, stderr: int = subprocess.PIPE
+) -> subprocess.Popen:
+    """`command` started from the checkout in run_env() with `env` over it, its output in text pipes, in a session
+    of its own: a signal to its process group reaches every process it starts, as Ctrl-C in a terminal does,
+    and a test that fails can kill them all."""
+    return subprocess.Popen(
+        [str(part) for part in command],
+        cwd=REPO,
+        env={**run_env(), **(env or {})},
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    """The process failed with a single `error: ...` line on stderr, holding `fragments`; no traceback."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr[-3000:])
+    return errors[0]
 
 
 def train_small(
@@ -42,26 +101,23 @@ def train_small(
     *overrides: str,
     launcher: tuple[str, ...] = (sys.executable,),
     config: str = "crnn.yaml",
+    timeout: float = 300,
+    check: bool = False,
 ) -> subprocess.CompletedProcess:
-    """train.py with `config` on `synth`'s train and val sets, `SMALL`, then `overrides` (one process;
-    `TORCHRUN_TWO` for two); its result, whatever the exit code."""
-    return subprocess.run(
-        [
-            *launcher,
-            "train.py",
-            "--config",
-            config,
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *SMALL,
-            *overrides,
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    """train.py with `config` on `synth`'s train and val sets, SMALL_RUN, then `overrides` (one process;
+    TORCHRUN_TWO for two); its result, whatever the exit code unless `check` (run_command's)."""
+    return run_command(
+        *launcher,
+        "train.py",
+        "--config",
+        config,
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        *overrides,
+        timeout=timeout,
+        check=check,
     )
 
 
@@ -101,24 +157,22 @@ def cache_home(tmp_path_factory) -> Iterator[Path]:
 def synth(tmp_path_factory) -> Path:
     """A synthetic dataset: OUT/train (96 samples), OUT/val (33: odd, so shards differ in size), OUT/test (20)."""
     out = tmp_path_factory.mktemp("data") / "synth"
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "make_synthetic.py"),
-            "--out",
-            str(out),
-            "--train",
-            "96",
-            "--val",
-            "33",
-            "--test",
-            "20",
-            "--workers",
-            "1",
-        ],
+    run_command(
+        sys.executable,
+        REPO / "scripts" / "make_synthetic.py",
+        "--out",
+        out,
+        "--train",
+        "96",
+        "--val",
+        "33",
+        "--test",
+        "20",
+        "--workers",
+        "1",
+        cwd=None,
+        timeout=600,
         check=True,
-        capture_output=True,
-        env=run_env(),
     )
     return out
 
@@ -126,33 +180,17 @@ def synth(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(synth, tmp_path_factory) -> Path:
     """A run folder of a 4-step CPU run with a small LSTM (about 10 s): real best.pt and last.pt for the
-    tools that read checkpoints."""
+    tools that read checkpoints. Shared by every test that asks for it: copy it before changing it."""
     out_dir = tmp_path_factory.mktemp("runs") / "tiny"
-    subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            "train.max_steps=4",
-            "train.batch_size=8",
-            "train.eval_every=4",
-            "train.log_every=4",
-            "model.hidden_size=32",
-            "data.num_workers=0",
-            "train.precision=fp32",
-            "data.augment=strong",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    steps = ("train.max_steps=4", "train.eval_every=4", "train.log_every=4")
+    train_small(synth, out_dir, *steps, "data.augment=strong", "train.tensorboard=true", check=True)
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tiny_run) -> Path:
+    """tiny_run's best.pt: the checkpoint a test runs a command on (predict.py, export.py, eval.sh, ...)."""
+    return tiny_run / "best.pt"
 
 
 def _join_and_run(rank: int, store: str, target, args: tuple, results) -> None:

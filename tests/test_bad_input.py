@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ from data.codec import CTCCodec
 from data.lmdb_dataset import CollateBatch, LmdbDataset
 from data.lmdb_writer import write_lmdb
 from data.transforms import ImageTransform, Preprocessing
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from tests.conftest import ALPHABET, SMALL_RUN, read_lmdb, run_command
 from tests.test_lmdb_dataset import edit_lmdb
 
 WHITE, BLACK = 1.0, -1.0
@@ -154,29 +153,20 @@ def test_a_training_run_over_every_kind_of_bad_input_reports_it_and_finishes(syn
     kept = 24 + len(UNDECODABLE) + len(UNUSUAL)
     out_dir = tmp_path / "run"
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{path}]",
-            f"data.val=[{path}]",
-            "train.batch_size=4",
-            "train.eval_batch_size=8",
-            "train.max_steps=4",
-            "train.eval_every=4",
-            "train.log_every=1",
-            "data.num_workers=0",
-            "model.hidden_size=32",
-            f"train.out_dir={out_dir}",
-            "train.precision=fp32",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{path}]",
+        f"data.val=[{path}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.batch_size=4",
+        "train.eval_batch_size=8",
+        "train.max_steps=4",
+        "train.eval_every=4",
+        "train.log_every=1",
     )
 
     log = result.stdout + result.stderr

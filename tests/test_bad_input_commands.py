@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import REPO, run_env, write_images
+from tests.conftest import SMALL_RUN, TORCHRUN_TWO, run_command, start_command, write_images
 from training.checkpoint import save_checkpoint
 from utils import cli
 from utils.atomic_write import write_text_atomically
@@ -154,28 +154,20 @@ def test_under_torchrun_a_second_sigint_is_torchruns_forward_and_the_checkpoint_
 @pytest.mark.slow
 def test_ctrl_c_to_torchrun_checkpoints_on_every_rank_and_torchrun_ends_as_documented(synth, tmp_path):
     out_dir = tmp_path / "run"
-    process = start(
-        [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            "train.max_steps=5000",
-            "train.batch_size=8",
-            "train.log_every=1",
-            "train.eval_every=5000",
-            "train.save_every=5000",
-            "data.num_workers=0",
-            "model.hidden_size=32",
-            "train.precision=fp32",
-            "train.tensorboard=false",
-        ]
+    process = start_command(
+        *TORCHRUN_TWO,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{synth / 'train'}]",
+        f"data.val=[{synth / 'val'}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.max_steps=5000",
+        "train.log_every=1",
+        "train.eval_every=5000",
+        "train.save_every=5000",
+        env={"PYTHONUNBUFFERED": "1"},
     )
     metrics = out_dir / "metrics.jsonl"
     while not metrics.is_file() or len(metrics.read_text().splitlines()) < 3:  # the loop runs
@@ -197,16 +189,9 @@ def test_ctrl_c_to_torchrun_checkpoints_on_every_rank_and_torchrun_ends_as_docum
 
 
 def start(command: list[str]) -> subprocess.Popen:
-    # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process of it.
-    return subprocess.Popen(
-        [sys.executable, *command],
-        cwd=REPO,
-        env={**run_env(), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    """`python COMMAND`, unbuffered, in its own process group, as a terminal's foreground job: Ctrl-C reaches every
+    process of it."""
+    return start_command(sys.executable, *command, env={"PYTHONUNBUFFERED": "1"})
 
 
 def has_data_loader_worker(pid: int) -> bool:
@@ -354,14 +339,7 @@ def test_ctrl_c_to_make_synthetic_with_rendering_workers_is_one_line_not_one_tra
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", ["0", "abc", "-2", "1.5"])
 def test_eval_sh_names_an_nproc_that_is_not_a_count_of_processes(nproc):
-    result = subprocess.run(
-        ["bash", "scripts/eval.sh", "best.pt", "lmdb"],
-        cwd=REPO,
-        env={**run_env(), "NPROC": nproc},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_command("bash", "scripts/eval.sh", "best.pt", "lmdb", env={"NPROC": nproc}, timeout=60)
     assert result.returncode == 1
     assert result.stderr == (
         f"error: NPROC={nproc}: give the number of processes, a whole number from 1 (e.g. "
@@ -384,7 +362,7 @@ class Widths(nn.Module):
 
 
 def test_a_failed_write_of_an_export_names_the_file_and_leaves_the_previous_one(tmp_path, monkeypatch):
-    from scripts.export import export
+    from interop.export import export
 
     out = tmp_path / "model.pt2"
     out.write_bytes(b"the previous export")
@@ -459,7 +437,7 @@ def test_a_nan_threshold_that_would_pass_every_check_is_refused(option, monkeypa
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs onnxruntime")
 def test_an_onnxruntime_that_fails_to_import_is_not_called_not_installed(tmp_path, monkeypatch):
-    from scripts.export import onnx_runner
+    from interop.export import onnx_runner
 
     real_import = builtins.__import__
 

@@ -26,37 +26,14 @@ from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
 from data.lmdb_writer import write_lmdb
 from data.transforms import build_transform
-from tests.conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
+from tests.conftest import REPO, SMALL_RUN, TORCHRUN_TWO_UNTIL_EACH_FAILS, one_line_error, run_command, run_env
 from training.config import ConfigError, load_config, path_keys, validate
 from utils.distributed import join_store, read_env, threads_per_process
 
-TINY = [
-    "train.batch_size=8",
-    "train.log_every=1",
-    "data.num_workers=0",
-    "model.hidden_size=32",
-    "train.precision=fp32",
-    "train.tensorboard=false",
-]
-
 
 def train(*arguments: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *arguments],
-        cwd=cwd,
-        env=env or run_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert len([line for line in result.stderr.splitlines() if line.startswith("error: ")]) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr[-3000:])
+    """train.py, by its full path: `cwd` may be elsewhere."""
+    return run_command(sys.executable, REPO / "train.py", *arguments, cwd=cwd, env=env, timeout=180)
 
 
 def free_port() -> int:
@@ -194,8 +171,9 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
     home.mkdir()
     work.mkdir()
     env = {**run_env(), "HOME": str(home)}
+    small = [*SMALL_RUN, "train.log_every=1"]
     failed = train(
-        "--config", "crnn.yaml", f"data.train=[{synth / 'trian'}]", "train.out_dir=~/runs/x", *TINY, env=env, cwd=work
+        "--config", "crnn.yaml", f"data.train=[{synth / 'trian'}]", "train.out_dir=~/runs/x", *small, env=env, cwd=work
     )
     one_line_error(failed, f"LMDB folder {synth / 'trian'} does not exist")
     assert list(home.iterdir()) == [] and list(work.iterdir()) == []  # no runs/, and no ./~ either
@@ -208,7 +186,7 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
         "train.max_steps=2",
         "train.eval_every=1000",
         "train.save_every=1000",
-        *TINY,
+        *small,
         env=env,
         cwd=work,
     )
@@ -224,20 +202,14 @@ def test_a_run_under_tilde_is_written_in_the_home_folder_and_a_failed_start_crea
 
 @pytest.mark.slow
 def test_under_torchrun_every_rank_refuses_a_contradiction_before_the_rendezvous_and_creates_no_folder(tmp_path):
-    result = subprocess.run(
-        [
-            *TORCHRUN_TWO_UNTIL_EACH_FAILS,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            "data.alphabet=abcABC",
-            "data.train=[a, a/]",
-            f"train.out_dir={tmp_path / 'run'}",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
+    result = run_command(
+        *TORCHRUN_TWO_UNTIL_EACH_FAILS,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        "data.alphabet=abcABC",
+        "data.train=[a, a/]",
+        f"train.out_dir={tmp_path / 'run'}",
         timeout=180,
     )
     assert result.returncode != 0

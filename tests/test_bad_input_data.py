@@ -24,7 +24,7 @@ from data.lmdb_dataset import LmdbDataset
 from data.lmdb_writer import staging_prefix, write_lmdb
 from data.transforms import ImageTransform, Preprocessing, decode_image, image_size
 from synthetic.backgrounds import load_photo
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from tests.conftest import ALPHABET, REPO, read_lmdb, run_command, start_command
 from tests.test_lmdb_dataset import edit_lmdb, png
 
 WHITE, BLACK = 1.0, -1.0
@@ -42,14 +42,8 @@ def dataset(path: Path, alphabet: str = ALPHABET, **options) -> LmdbDataset:
 
 
 def script(name: str, *args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
-        cwd=cwd,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """scripts/NAME, by its full path: `cwd` may be elsewhere."""
+    return run_command(sys.executable, REPO / "scripts" / name, *args, cwd=cwd, timeout=120)
 
 
 def run_main(main, *args: str | Path, capsys) -> tuple[int | str, str, str]:
@@ -429,24 +423,20 @@ def staging_folders(out: Path) -> list[Path]:
 
 def start_writer(out: Path) -> tuple[subprocess.Popen, Path]:
     """make_synthetic writing a large train split into `out`, once its staging folder exists."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "make_synthetic.py"),
-            "--out",
-            str(out),
-            "--train",
-            "1000000",
-            "--val",
-            "0",
-            "--test",
-            "0",
-            "--workers",
-            "1",
-        ],
-        env=run_env(),
+    process = start_command(
+        sys.executable,
+        REPO / "scripts" / "make_synthetic.py",
+        "--out",
+        out,
+        "--train",
+        "1000000",
+        "--val",
+        "0",
+        "--test",
+        "0",
+        "--workers",
+        "1",
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 90
     while not staging_folders(out / "train"):
@@ -506,7 +496,7 @@ def test_an_lmdb_gets_the_permissions_the_umask_gives(tmp_path, umask, folder_mo
 def test_export_checks_a_turned_photo_at_the_width_of_its_upright_size():
     """export.py compares each check image alone at its own width: that of the image as the model reads
     it (upright), not of the pixels as stored (a phone photo stored sideways)."""
-    from scripts.export import check_batches
+    from interop.export import check_batches
 
     sideways = with_orientation(6, "JPEG")  # stored 20 x 60, shown 60 x 20
     [*_, (names, alone)] = check_batches([("phone", sideways)], Preprocessing(32, 100))

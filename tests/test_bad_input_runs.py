@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
+from conftest import TORCHRUN_TWO_UNTIL_EACH_FAILS, run_command
 from conftest import train_small as train
 
 from models import model_from_config
@@ -292,14 +292,7 @@ def test_a_finished_run_started_again_says_done_and_one_asked_to_end_before_its_
 
 
 def plot(run: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/plot.py", str(run), *options],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_command(sys.executable, "scripts/plot.py", run, *options, timeout=120)
 
 
 @pytest.mark.slow

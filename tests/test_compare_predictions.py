@@ -14,7 +14,7 @@ import pytest
 
 from evaluation.paired import compare_paired, mcnemar_exact
 from evaluation.prediction_dump import DUMP_COLUMNS
-from tests.conftest import REPO, run_env
+from tests.conftest import run_command
 
 # The statistics --------------------------------------------------------------------------------------
 
@@ -51,28 +51,16 @@ def test_paired_comparison_counts_only_the_words_one_model_alone_reads():
 
 
 def compare(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/compare_predictions.py", *map(str, args)],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_command(sys.executable, "scripts/compare_predictions.py", *args, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def dump(tiny_run, synth, tmp_path_factory) -> Path:
+def dump(checkpoint, synth, tmp_path_factory) -> Path:
     """A real eval.sh --dump of the tiny run's best.pt on the synthetic val and test sets."""
     path = tmp_path_factory.mktemp("compare") / "model.tsv"
-    subprocess.run(
-        ["bash", "scripts/eval.sh", tiny_run / "best.pt", synth / "val", synth / "test", "--dump", path]
-        + ["--workers", "0", "--precision", "fp32"],
-        cwd=REPO,
-        env={**run_env(), "PYTHON": sys.executable},
-        check=True,
-        capture_output=True,
-        timeout=300,
+    eval_sh = ("bash", "scripts/eval.sh", checkpoint, synth / "val", synth / "test")
+    run_command(
+        *eval_sh, "--dump", path, "--workers", "0", "--precision", "fp32", env={"PYTHON": sys.executable}, check=True
     )
     return path
 

@@ -18,26 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TORCHRUN_TWO_UNTIL_EACH_FAILS, run_env
+from tests.conftest import SMALL_RUN, TORCHRUN, TORCHRUN_TWO, TORCHRUN_TWO_UNTIL_EACH_FAILS, start_command, torchrun
 from training.config import load_config
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
 MAX_STEPS = 16
-RECIPE = [
-    f"train.max_steps={MAX_STEPS}",
-    "train.batch_size=8",
-    "train.save_every=4",
-    "train.log_every=1",
-    "train.eval_every=8",
-    "train.eval_batch_size=8",
-    "data.num_workers=1",
-    "optim.warmup_steps=2",
-    "train.precision=fp32",
-    "model.hidden_size=32",
-    "data.augment=strong",
-]  # augmented: exact too
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def train_args(synth: Path, out_dir: Path, *overrides: str) -> list[str]:
@@ -48,22 +34,24 @@ def train_args(synth: Path, out_dir: Path, *overrides: str) -> list[str]:
         f"data.train=[{synth / 'train'}]",
         f"data.val=[{synth / 'val'}]",
         f"train.out_dir={out_dir}",
-        *RECIPE,
+        *SMALL_RUN,
+        f"train.max_steps={MAX_STEPS}",
+        "train.save_every=4",
+        "train.log_every=1",
+        "train.eval_every=8",
+        "train.eval_batch_size=8",
+        "data.num_workers=1",
+        "optim.warmup_steps=2",
+        "data.augment=strong",  # augmented: exact too
+        "train.tensorboard=true",  # as a user's run writes it
         *overrides,
     ]
 
 
 def launch(command: list[str]) -> subprocess.Popen:
-    # Its own session: a test that fails can kill the launcher with all its workers.
-    return subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=run_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    """`command` in its own session (a test that fails can kill the launcher with all its workers), its stdout and
+    stderr in one pipe."""
+    return start_command(*command, stderr=subprocess.STDOUT)
 
 
 def finish(process: subprocess.Popen, expect_success: bool = True, timeout: float = 240) -> str:
@@ -131,13 +119,13 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 def reference(synth, tmp_path_factory) -> Path:
     """Two processes, never interrupted."""
     out_dir = tmp_path_factory.mktemp("reference") / "run"
-    finish(launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, out_dir)]))
+    finish(launch([*TORCHRUN_TWO, *train_args(synth, out_dir)]))
     return out_dir
 
 
 def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_is_exact(reference, synth, tmp_path):
     out_dir = tmp_path / "run"
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", *train_args(synth, out_dir)]
+    command = [*TORCHRUN_TWO, *train_args(synth, out_dir)]
     process = launch(command)
     wait_for_step(out_dir, 5, process)
     ranks = worker_pids(process.pid)
@@ -164,7 +152,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_is_ex
 
 def test_torchrun_restarts_a_killed_worker_and_the_run_ends_as_if_never_killed(reference, synth, tmp_path):
     out_dir = tmp_path / "run"
-    process = launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", *train_args(synth, out_dir)])
+    process = launch([*torchrun(2, "--max-restarts=1"), *train_args(synth, out_dir)])
     wait_for_step(out_dir, 6, process)
     assert (out_dir / "ckpt-0000004.pt").is_file()
     os.kill(worker_pids(process.pid)[0], signal.SIGKILL)
@@ -226,8 +214,8 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     runs = {}
     for name, launcher, extra in [
         ("one", [sys.executable], ["model.sync_bn=true"]),
-        ("two_sync", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], ["model.sync_bn=true"]),
-        ("two_local", [*TORCHRUN, "--standalone", "--nproc_per_node=2"], []),
+        ("two_sync", TORCHRUN_TWO, ["model.sync_bn=true"]),
+        ("two_local", TORCHRUN_TWO, []),
     ]:
         runs[name] = tmp_path / name
         finish(launch([*launcher, *train_args(synth, runs[name], *steps, *extra)]))
@@ -237,7 +225,7 @@ def test_two_processes_with_sync_bn_equal_one_process(synth, tmp_path):
     from models import model_from_config
     from training.config import load_config
 
-    start = model_from_config(load_config("crnn.yaml", ["model.hidden_size=32"]).model, 37).state_dict()
+    start = model_from_config(load_config("crnn.yaml", [*SMALL_RUN]).model, 37).state_dict()
     one = stepped_weights(runs["one"] / "last.pt")
     apart = {
         name: distance_over_travel(one, stepped_weights(runs[name] / "last.pt"), start)

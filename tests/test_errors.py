@@ -23,7 +23,7 @@ from data.codec import CTCCodec
 from data.label_index import scan_labels
 from data.lmdb_env import open_lmdb
 from data.lmdb_writer import write_lmdb
-from tests.conftest import ALPHABET, REPO, run_env
+from tests.conftest import ALPHABET, REPO, SMALL_RUN, one_line_error, run_command, start_command, train_small
 from tests.test_lmdb_dataset import edit_lmdb, png
 from training.checkpoint import save_checkpoint
 from training.config import ConfigError, load_config, validate
@@ -31,48 +31,12 @@ from training.run_folder import check_run_folder, checkpoint_path, prepare_run_f
 from training.run_log import RunLog
 from utils.cli import describe
 
-TINY = [
-    "train.batch_size=8",
-    "train.log_every=1",
-    "train.eval_every=2",
-    "train.save_every=2",
-    "data.num_workers=0",
-    "model.hidden_size=32",
-    "train.precision=fp32",
-    "train.tensorboard=false",
-]
 
-
-def train(synth: Path, out_dir: Path, *overrides: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *TINY,
-            *overrides,
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def train(synth: Path, out_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """train_small's run (SMALL_RUN) logging every step, validating and saving every 2, then `overrides`."""
+    return train_small(
+        synth, out_dir, "train.log_every=1", "train.eval_every=2", "train.save_every=2", *overrides, timeout=180
     )
-
-
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    """The process failed with a single `error: ...` line on stderr, holding `fragments`; no traceback."""
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr[-3000:])
-    return errors[0]
 
 
 def holds_nothing(out_dir: Path) -> bool:
@@ -100,14 +64,7 @@ def test_a_num_samples_of_a_trillion_is_scanned_in_a_moment(absurd_count_lmdb):
 
 @pytest.mark.slow
 def test_inspect_lmdb_on_a_num_samples_of_a_trillion_finishes(absurd_count_lmdb):
-    result = subprocess.run(
-        [sys.executable, "scripts/inspect_lmdb.py", str(absurd_count_lmdb)],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_command(sys.executable, "scripts/inspect_lmdb.py", absurd_count_lmdb, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "no sample beyond index 3" in result.stdout and "scanned: samples 1 to 3 (all)" in result.stdout
 
@@ -119,22 +76,19 @@ def test_a_signal_during_start_up_ends_the_process_at_once(tmp_path, signum):
     big = tmp_path / "big"
     write_lmdb(big, ((b"x", "a") for _ in range(400_000)))
     out_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{big}]",
-            f"data.val=[{big}]",
-            f"train.out_dir={out_dir}",
-            *TINY,
-        ],
-        cwd=REPO,
-        env={**run_env(), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = start_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{big}]",
+        f"data.val=[{big}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.log_every=1",
+        "train.eval_every=2",
+        "train.save_every=2",
+        env={"PYTHONUNBUFFERED": "1"},
     )
     for line in process.stdout:  # the config is printed just before the data is read
         if line.startswith("config:"):
@@ -367,14 +321,7 @@ def test_training_on_a_folder_that_is_not_an_lmdb_is_one_line(synth, tmp_path):
 
 @pytest.mark.slow
 def test_eval_sh_given_a_run_folder_names_the_checkpoint_inside(synth, tiny_run):
-    result = subprocess.run(
-        ["bash", "scripts/eval.sh", str(tiny_run), str(synth / "val")],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_command("bash", "scripts/eval.sh", tiny_run, synth / "val", timeout=120)
     one_line_error(result, f"checkpoint {tiny_run} is a folder; give a .pt file, e.g. {tiny_run / 'best.pt'}")
 
 
@@ -398,9 +345,7 @@ def test_every_entry_point_reports_bad_input_in_one_line(synth, tiny_run, tmp_pa
     (tmp_path / "notes.txt" / "train").write_text("not an LMDB")
     (tmp_path / "twice.yaml").write_text("data:\n  img_width: 100\ndata:\n  img_width: 128\n")
     arguments = [part.format(run=tiny_run, tmp=tmp_path) for part in command]
-    result = subprocess.run(
-        [sys.executable, *arguments], cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=120
-    )
+    result = run_command(sys.executable, *arguments, timeout=120)
     one_line_error(result)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from data.lmdb_writer import write_lmdb
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env
+from tests.conftest import ALPHABET, SMALL_RUN, read_lmdb, run_command
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -32,13 +32,7 @@ def real_like(synth, tmp_path_factory):
         (image, RELABEL[index % len(RELABEL)](label)) for index, (image, label) in enumerate(read_lmdb(synth / "val"))
     ]
     write_lmdb(folder / "all", samples)
-    subprocess.run(
-        [sys.executable, "scripts/split_lmdb.py", str(folder / "all"), "--val", "9", "--out", str(folder)],
-        cwd=REPO,
-        env=run_env(),
-        check=True,
-        capture_output=True,
-    )
+    run_command(sys.executable, "scripts/split_lmdb.py", folder / "all", "--val", "9", "--out", folder, check=True)
     return folder
 
 
@@ -48,33 +42,22 @@ def with_marks(lmdb) -> int:
 
 
 def finetune(tiny_run, synth, real_like, out_dir, *overrides: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "finetune_real.yaml",
-            f"train.init_from={tiny_run / 'best.pt'}",
-            f"data.train=[{real_like / 'train'},{synth / 'train'}]",
-            f"data.val=[{real_like / 'val'}]",
-            f"train.out_dir={out_dir}",
-            "model.hidden_size=32",
-            "train.max_steps=4",
-            "train.eval_every=4",
-            "train.log_every=4",
-            "train.batch_size=8",
-            "data.num_workers=0",
-            "train.precision=fp32",
-            *overrides,
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "finetune_real.yaml",
+        f"train.init_from={tiny_run / 'best.pt'}",
+        f"data.train=[{real_like / 'train'},{synth / 'train'}]",
+        f"data.val=[{real_like / 'val'}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.max_steps=4",
+        "train.eval_every=4",
+        "train.log_every=4",
+        *overrides,
+        check=True,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 def test_finetunes_a_checkpoint_on_labels_with_marks_removed_not_dropped(tiny_run, synth, real_like, tmp_path):

@@ -18,23 +18,10 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import ALPHABET, REPO, read_lmdb, run_env, write_images
+from tests.conftest import ALPHABET, REPO, SMALL_RUN, read_lmdb, run_command, write_images
 from training.checkpoint import classifier_keys
 
 pytestmark = pytest.mark.slow  # each test starts the project's commands in a copy of it
-
-# A run that only has to start, train and save: three steps of a small model on one thread.
-SMALL_RUN = (
-    "train.max_steps=3",
-    "train.batch_size=8",
-    "train.eval_every=3",
-    "train.log_every=3",
-    "model.hidden_size=32",
-    "data.num_workers=0",
-    "train.precision=fp32",
-    "train.threads=1",
-    "train.tensorboard=false",
-)
 
 
 @dataclass(frozen=True)
@@ -45,16 +32,14 @@ class Fork:
 
     def run(self, script: str, *arguments: str) -> subprocess.CompletedProcess[str]:
         """`python SCRIPT ARGUMENTS` in the copy, importing the copy's code; its stdout and stderr shown if it fails."""
-        env = {**run_env(), "PYTHONPATH": str(self.root)}
-        result = subprocess.run(
-            [sys.executable, script, *arguments], cwd=self.root, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
-        return result
+        env = {"PYTHONPATH": str(self.root)}
+        return run_command(sys.executable, script, *arguments, cwd=self.root, env=env, check=True)
 
     def train(self, *overrides: str, config: str = "crnn.yaml", out_dir: str = "runs/fork") -> Path:
-        """A short run of `train.py --config CONFIG` with `overrides` after SMALL_RUN's; its run folder."""
-        self.run("train.py", "--config", config, *SMALL_RUN, f"train.out_dir={out_dir}", *overrides)
+        """A run that only has to start, train and save (three steps of SMALL_RUN on one thread) of
+        `train.py --config CONFIG`, then `overrides`; its run folder."""
+        steps = ("train.max_steps=3", "train.eval_every=3", "train.log_every=3", "train.threads=1")
+        self.run("train.py", "--config", config, *SMALL_RUN, *steps, f"train.out_dir={out_dir}", *overrides)
         return self.root / out_dir
 
 

@@ -53,8 +53,8 @@ def test_the_gpu_recipe_trains_two_steps_on_the_cpu_with_auto_loading_in_the_pro
         "train.eval_batch_size=8",
         "train.eval_every=2",
         "train.log_every=1",
-        "model.hidden_size=256",  # the recipe's own, which SMALL shrinks
-        "data.num_workers=auto",  # the recipe's own, which SMALL sets to 0
+        "model.hidden_size=256",  # the recipe's own, which SMALL_RUN shrinks
+        "data.num_workers=auto",  # the recipe's own, which SMALL_RUN sets to 0
         config="crnn_gpu.yaml",
     )
     assert result.returncode == 0, result.stderr[-3000:]

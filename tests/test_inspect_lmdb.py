@@ -12,7 +12,7 @@ import lmdb
 import pytest
 from PIL import Image
 
-from tests.conftest import run_env
+from tests.conftest import run_command
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -52,9 +52,7 @@ def broken_lmdb(tmp_path_factory) -> Path:
 
 
 def inspect(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120, env=run_env()
-    )
+    return run_command(sys.executable, SCRIPT, *args, cwd=None, timeout=120)
 
 
 def test_reports_each_problem_and_writes_a_montage(broken_lmdb, tmp_path):

@@ -6,15 +6,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import lmdb
 import numpy as np
 import pytest
-from conftest import ALPHABET, REPO, run_env
+from conftest import ALPHABET, SMALL_RUN, TORCHRUN_TWO, run_command
 
 from data import label_index
 from data.codec import CTCCodec
@@ -154,32 +152,18 @@ def test_a_restarted_ddp_run_reads_its_index_from_the_cache(synth, dataset, tmp_
     cache = tmp_path / "cache"
 
     def train(out_dir: Path) -> str:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                "train.py",
-                "--config",
-                "crnn.yaml",
-                f"data.train=[{dataset}]",
-                f"data.val=[{synth / 'val'}]",
-                f"data.index_cache={cache}",
-                f"train.out_dir={out_dir}",
-                "train.max_steps=1",
-                "train.batch_size=8",
-                "data.num_workers=0",
-                "model.hidden_size=32",
-                "train.precision=fp32",
-            ],
-            cwd=REPO,
-            env=run_env(),
+        return run_command(
+            *TORCHRUN_TWO,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{dataset}]",
+            f"data.val=[{synth / 'val'}]",
+            f"data.index_cache={cache}",
+            f"train.out_dir={out_dir}",
+            *SMALL_RUN,
+            "train.max_steps=1",
             check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
         ).stdout
 
     # The first run's two processes build the two entries (data.train, data.val) between them, each

@@ -18,7 +18,7 @@ from data.alphabet import load_alphabet
 from synthetic.fonts import find_fonts, plan_fonts
 from synthetic.render import RenderPlan, render_sample
 from synthetic.text import TextSampler, folds_case
-from tests.conftest import REPO, read_lmdb, run_env
+from tests.conftest import REPO, SMALL_RUN, read_lmdb, run_command
 from training.checkpoint import classifier_keys
 from training.config import load_config
 
@@ -64,27 +64,23 @@ def test_each_text_is_drawn_with_a_font_that_has_all_its_characters():
 def test_generator_reports_characters_no_font_has(tmp_path):
     alphabet_file = tmp_path / "mixed.txt"
     alphabet_file.write_text("\n".join("abcdefghij中文") + "\n", encoding="utf-8")
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--out",
-            str(tmp_path / "synth"),
-            "--train",
-            "20",
-            "--val",
-            "4",
-            "--test",
-            "0",
-            "--workers",
-            "1",
-            "--alphabet",
-            str(alphabet_file),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_command(
+        sys.executable,
+        SCRIPT,
+        "--out",
+        tmp_path / "synth",
+        "--train",
+        "20",
+        "--val",
+        "4",
+        "--test",
+        "0",
+        "--workers",
+        "1",
+        "--alphabet",
+        alphabet_file,
+        cwd=None,
         timeout=120,
-        env=run_env(),
     )
     assert result.returncode == 0, result.stderr
     labels = "".join(label for _, label in read_lmdb(tmp_path / "synth" / "train"))
@@ -99,28 +95,22 @@ def test_generator_reports_characters_no_font_has(tmp_path):
 @pytest.mark.slow
 def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
     data = tmp_path / "data"
-    generated = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--out",
-            str(data),
-            "--train",
-            "48",
-            "--val",
-            "16",
-            "--test",
-            "0",
-            "--workers",
-            "1",
-            "--alphabet",
-            LATIN_GREEK_CYRILLIC,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    generated = run_command(
+        sys.executable,
+        SCRIPT,
+        "--out",
+        data,
+        "--train",
+        "48",
+        "--val",
+        "16",
+        "--test",
+        "0",
+        "--workers",
+        "1",
+        "--alphabet",
+        LATIN_GREEK_CYRILLIC,
         timeout=120,
-        env=run_env(),
     )
     assert generated.returncode == 0, generated.stderr
     labels = "".join(label for _, label in read_lmdb(data / "train"))
@@ -138,14 +128,11 @@ def test_training_on_a_file_alphabet_of_367_characters(tmp_path):
         f"data.train=[{data / 'train'}]",
         f"data.val=[{data / 'val'}]",
         f"train.out_dir={run}",
+        *SMALL_RUN,
         "train.max_steps=3",
-        "train.batch_size=8",
-        "model.hidden_size=32",
-        "data.num_workers=0",
-        "train.precision=fp32",
         "train.eval_every=3",
     ]
-    trained = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=run_env())
+    trained = run_command(*command)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     output = trained.stdout + trained.stderr
     assert "kept 48 of 48" in output and "kept 16 of 16" in output  # no label fell outside the file's alphabet

@@ -23,7 +23,7 @@ from data.transforms import ImageTransform, Preprocessing, pad_right
 from evaluation.evaluate import read_images
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, piece_starts, split_long_samples, stitch
 from models import build_model, model_from_config
-from tests.conftest import REPO, run_env
+from tests.conftest import REPO, run_command, run_env
 from training.checkpoint import save_checkpoint, weights_checkpoint
 from training.config import load_config
 
@@ -219,24 +219,19 @@ def test_predict_reads_long_crops_in_pieces_by_default_says_so_and_no_split_squa
     (tmp_path / "word.png").write_bytes(ink_bars(3))  # 108 pixels
 
     def predict(*options: str) -> tuple[list[list[str]], str]:
-        result = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "scripts" / "predict.py"),
-                str(ink_reader),
-                str(tmp_path),
-                "--device",
-                "cpu",
-                "--precision",
-                "fp32",
-                *options,
-            ],
-            env=run_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = run_command(
+            sys.executable,
+            REPO / "scripts" / "predict.py",
+            ink_reader,
+            tmp_path,
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            *options,
+            cwd=None,
+            check=True,
         )
-        assert result.returncode == 0, result.stderr
         return [line.split("\t")[:2] for line in result.stdout.splitlines()], result.stderr
 
     line, word = str(tmp_path / "line.png"), str(tmp_path / "word.png")

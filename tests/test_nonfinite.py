@@ -105,35 +105,10 @@ def test_a_nan_on_one_rank_makes_every_rank_skip_the_step_and_keep_its_buffers(t
 @pytest.mark.slow
 def test_too_many_skipped_steps_in_a_row_stop_the_run_with_a_message(synth, tmp_path):
     """A learning rate of 1e30 blows the weights up after the first step; every later step is NaN."""
-    import subprocess
-    import sys
+    from tests.conftest import train_small
 
-    from tests.conftest import REPO, run_env
-
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={tmp_path / 'run'}",
-            "train.batch_size=8",
-            "train.max_steps=20",
-            "optim.lr=1e30",
-            "optim.warmup_steps=1",
-            "train.max_nonfinite_steps=3",
-            "data.num_workers=0",
-            "model.hidden_size=32",
-            "train.precision=fp32",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    overrides = ("train.max_steps=20", "optim.lr=1e30", "optim.warmup_steps=1", "train.max_nonfinite_steps=3")
+    result = train_small(synth, tmp_path / "run", *overrides)
     assert result.returncode == 1
     assert "step skipped (1 in a row)" in result.stderr + result.stdout
     assert "error: 3 steps in a row up to step 4 had a NaN or infinite loss or gradient" in result.stderr

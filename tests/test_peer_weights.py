@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ALPHABET, REPO, read_lmdb, run_env
+from conftest import ALPHABET, SMALL_RUN, TORCHRUN_TWO, read_lmdb, run_command
 from PIL import Image
 from torch import nn
 
@@ -177,14 +177,7 @@ def crnn_pytorch_forward(source: dict[str, torch.Tensor], images: torch.Tensor) 
 
 
 def import_weights(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/import_weights.py", str(source), "--out", str(out), *extra],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_command(sys.executable, "scripts/import_weights.py", source, "--out", out, *extra)
 
 
 def test_the_source_layouts_here_have_the_published_tensor_counts():
@@ -291,19 +284,22 @@ def fine_tune_import(config: str, data: list[str], out_dir: Path, tmp_path: Path
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "g2.pth")
     assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt").returncode == 0
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
     small = ["model.channels=64", "model.hidden_size=16", "data.img_width=128", "train.batch_size=4"]
-    steps = ["train.max_steps=2", "train.eval_every=2", "train.log_every=1", "data.num_workers=0"]
-    result = subprocess.run(
-        [*command, "--config", config, *data, f"train.init_from={tmp_path / 'g2.pt'}", f"train.out_dir={out_dir}"]
-        + [*small, *steps, "train.precision=fp32"],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
+    steps = ["train.max_steps=2", "train.eval_every=2", "train.log_every=1"]
+    result = run_command(
+        *TORCHRUN_TWO,
+        "train.py",
+        "--config",
+        config,
+        *data,
+        f"train.init_from={tmp_path / 'g2.pt'}",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        *small,
+        *steps,
         timeout=600,
+        check=True,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr, source
 
 
@@ -350,23 +346,16 @@ def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_p
     source = dtrb_state_dict(channels=64, hidden=16, classes=len(EASYOCR_ENGLISH_G2) + 1)
     torch.save(source, tmp_path / "g2.pth")
     assert import_weights(tmp_path / "g2.pth", tmp_path / "g2.pt").returncode == 0
-    result = subprocess.run(
-        [
-            sys.executable,
-            "scripts/export.py",
-            str(tmp_path / "g2.pt"),
-            "--format",
-            "easyocr",
-            "--name",
-            "my_g2",
-            "--out",
-            str(tmp_path / "handed"),
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_command(
+        sys.executable,
+        "scripts/export.py",
+        tmp_path / "g2.pt",
+        "--format",
+        "easyocr",
+        "--name",
+        "my_g2",
+        "--out",
+        tmp_path / "handed",
     )
     assert result.returncode == 0, result.stderr
     weights = torch.load(tmp_path / "handed" / "model" / "my_g2.pth", weights_only=True)
@@ -386,42 +375,28 @@ def test_export_easyocr_hands_back_the_source_tensors_under_easyocrs_names(tmp_p
         "from easyocr.model.vgg_model import Model" in (tmp_path / "handed" / "user_network" / "my_g2.py").read_text()
     )
 
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "scripts/export.py",
-            str(tiny_run / "best.pt"),
-            "--format",
-            "easyocr",
-            "--out",
-            str(tmp_path / "crnn_handed"),
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    refused = run_command(
+        sys.executable,
+        "scripts/export.py",
+        tiny_run / "best.pt",
+        "--format",
+        "easyocr",
+        "--out",
+        tmp_path / "crnn_handed",
     )
     assert refused.returncode != 0 and "model.arch: dtrb_vgg" in refused.stderr
     assert "stretched up to 2x (data.max_stretch)" in refused.stderr  # crnn.yaml's crops, EasyOCR's are not
     assert not (tmp_path / "crnn_handed").exists()
-    clash = subprocess.run(
-        [
-            sys.executable,
-            "scripts/export.py",
-            str(tmp_path / "g2.pt"),
-            "--format",
-            "easyocr",
-            "--name",
-            "english_g2",
-            "--out",
-            str(tmp_path / "clash"),
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    clash = run_command(
+        sys.executable,
+        "scripts/export.py",
+        tmp_path / "g2.pt",
+        "--format",
+        "easyocr",
+        "--name",
+        "english_g2",
+        "--out",
+        tmp_path / "clash",
     )
     assert clash.returncode != 0 and "EasyOCR would load its own english_g2" in clash.stderr
 
@@ -482,22 +457,15 @@ def test_predict_reads_aspect_kept_images_the_same_whatever_the_batch(synth, tmp
         (folder / f"{index:02d}.png").write_bytes(image_bytes)
     outputs = []
     for batch_size in ("1", "5", "64"):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "scripts/predict.py",
-                str(tmp_path / "g2.pt"),
-                str(folder),
-                "--batch-size",
-                batch_size,
-                "--precision",
-                "fp32",
-            ],
-            cwd=REPO,
-            env=run_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
+        result = run_command(
+            sys.executable,
+            "scripts/predict.py",
+            tmp_path / "g2.pt",
+            folder,
+            "--batch-size",
+            batch_size,
+            "--precision",
+            "fp32",
         )
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout)
@@ -526,22 +494,16 @@ def test_the_real_english_g2_reads_what_easyocr_reads(synth, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "format: easyocr" in result.stdout and "mapped 44 of 44" in result.stdout
     report = tmp_path / "compare.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "tools/compare_easyocr.py",
-            str(tmp_path / "english_g2.pt"),
-            str(synth / "test"),
-            str(synth / "val"),
-            "--easyocr-weights",
-            str(english_g2_weights()),
-            "--json",
-            str(report),
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
+    result = run_command(
+        sys.executable,
+        "tools/compare_easyocr.py",
+        tmp_path / "english_g2.pt",
+        synth / "test",
+        synth / "val",
+        "--easyocr-weights",
+        english_g2_weights(),
+        "--json",
+        report,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 import training.precision_choice
 import utils.precision
 from models import model_from_config
-from tests.conftest import REPO, run_env
+from tests.conftest import SMALL_RUN, run_command
 from training.config import ModelConfig
 from training.precision_choice import choose_precision
 from utils.precision import autocast, candidate_precisions, resolve_precision
@@ -198,24 +197,20 @@ def test_a_run_with_auto_measures_records_its_choice_and_resumes_with_it(synth, 
         f"data.train=[{synth / 'train'}]",
         f"data.val=[{synth / 'val'}]",
         f"train.out_dir={out_dir}",
+        *SMALL_RUN,
         "train.batch_size=4",
         "train.eval_every=2",
         "model.hidden_size=16",
-        "data.num_workers=0",
         "train.precision=auto",
     ]
-    environment = {**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = subprocess.run(
-        [*command, "train.max_steps=2"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
-    )
+    environment = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = run_command(*command, "train.max_steps=2", env=environment)
     assert first.returncode == 0, first.stderr
     [line] = [line for line in first.stdout.splitlines() if "precision auto:" in line]
     choice = line.split("precision auto: ")[1].split()[0]
     assert choice in candidate_precisions(torch.device("cpu")) and f"precision {choice}," in first.stdout
     assert torch.load(out_dir / "last.pt", weights_only=True)["precision"] == choice
-    resumed = subprocess.run(
-        [*command, "train.max_steps=4"], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
-    )
+    resumed = run_command(*command, "train.max_steps=4", env=environment)
     assert resumed.returncode == 0, resumed.stderr
     assert f"precision auto: {choice}, as the run measured it at its start" in resumed.stdout
 

@@ -11,19 +11,13 @@ import pytest
 import torch
 
 from data.transforms import build_transform
-from tests.conftest import REPO, run_env, write_images
+from tests.conftest import REPO, run_command, write_images
 from training.checkpoint import load_model
 
 
 def predict(*args: str) -> subprocess.CompletedProcess:
     """predict.py in fp32, the precision the tests' own readings are computed in."""
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "predict.py"), *args, "--precision", "fp32"],
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_command(sys.executable, REPO / "scripts" / "predict.py", *args, "--precision", "fp32", cwd=None)
 
 
 def parse(stdout: str) -> list[tuple[str, str, str]]:
@@ -35,11 +29,6 @@ def parse(stdout: str) -> list[tuple[str, str, str]]:
         expected = math.prod(probs) ** (2 / math.sqrt(len(probs))) if probs else 0.0  # from the 4-decimal probabilities
         assert len(probs) == len(text) and float(confidence) == pytest.approx(expected, abs=1e-3), stdout
     return [row[:3] for row in rows]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_run) -> Path:
-    return tiny_run / "best.pt"
 
 
 @torch.inference_mode()

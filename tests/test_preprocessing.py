@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from data.transforms import ImageTransform, Preprocessing, PreprocessingError
-from tests.conftest import REPO, read_lmdb, run_env, write_images
+from tests.conftest import REPO, read_lmdb, run_env, train_small, write_images
 from training.checkpoint import (
     LEGACY,
     classifier_keys,
@@ -55,32 +55,18 @@ def recorded(tiny_run, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_a_run_records_the_preprocessing_its_config_asks_for(synth, tmp_path):
     out_dir = tmp_path / "run"
-    subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            "train.max_steps=2",
-            "train.batch_size=8",
-            "train.eval_every=2",
-            "model.hidden_size=16",
-            "data.num_workers=0",
-            "train.precision=fp32",
-            "data.interpolation=bicubic",
-            "data.mean=[0.4]",
-            "data.std=[0.25]",
-            "data.keep_aspect=true",
-            "data.max_stretch=3",
-        ],
-        cwd=REPO,
-        env=run_env(),
+    train_small(
+        synth,
+        out_dir,
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "model.hidden_size=16",
+        "data.interpolation=bicubic",
+        "data.mean=[0.4]",
+        "data.std=[0.25]",
+        "data.keep_aspect=true",
+        "data.max_stretch=3",
         check=True,
-        capture_output=True,
-        timeout=300,
     )
     for name in ("best.pt", "last.pt"):
         record = torch.load(out_dir / name, weights_only=True)["preprocessing"]

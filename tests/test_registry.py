@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from models import ARCHITECTURES, register_model
-from tests.conftest import write_images
+from tests.conftest import SMALL_RUN, write_images
 from training.checkpoint import load_model
 from training.config import ConfigError, load_config, validate
 
@@ -57,18 +57,15 @@ def test_a_registered_architecture_trains_saves_evaluates_and_exports(toy_arch, 
         [
             "train.py",
             "model.arch=toy",
-            "model.hidden_size=16",
-            "model.stride=2",
             f"data.train=[{synth / 'train'}]",
             f"data.val=[{synth / 'val'}]",
             f"train.out_dir={out_dir}",
+            *SMALL_RUN,
+            "model.hidden_size=16",
+            "model.stride=2",
             "train.max_steps=3",
-            "train.batch_size=8",
             "train.eval_every=3",
             "train.log_every=3",
-            "data.num_workers=0",
-            "train.precision=fp32",
-            "train.tensorboard=false",
         ],
     )
     checkpoint = torch.load(out_dir / "best.pt", weights_only=True)

@@ -32,6 +32,10 @@ def test_ci_runs_the_readme_test_command():
     assert readme.index(blocks[1]) < readme.index("\n## "), "both come before the first section"
     test_block = next(block for block in blocks if "pytest" in block)
     assert test_block in (REPO / ".ci" / "run").read_text(encoding="utf-8"), ".ci/run runs the README's block verbatim"
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "set -euo pipefail" in ci and ci.index("set -euo pipefail") < ci.index(test_block)
+    # Under `set -e` a step that fails before a line's last `&&` does not stop the script: one step a line.
+    assert [line for line in test_block.splitlines() if "&&" in line] == []
 
 
 def test_readme_train_command_uses_the_default_config_and_eval_sh():

@@ -4,14 +4,13 @@ how many samples each training set gave when the sets are mixed by ratio."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evaluation.visualize import IMAGE_BOX, PAD
-from tests.conftest import REPO, run_env
+from tests.conftest import SMALL_RUN, run_command
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -19,29 +18,20 @@ pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` s
 def test_mixed_datasets_and_tensorboard(synth, tmp_path):
     out_dir = tmp_path / "run"
     train, val = synth / "train", synth / "val"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{train},{val}]",
-            "data.train_ratios=[3,1]",
-            f"data.val=[{val}]",
-            f"train.out_dir={out_dir}",
-            "train.batch_size=8",
-            "train.max_steps=4",
-            "train.log_every=2",
-            "train.eval_every=4",
-            "data.num_workers=0",
-            "model.hidden_size=32",
-            "train.precision=fp32",
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        f"data.train=[{train},{val}]",
+        "data.train_ratios=[3,1]",
+        f"data.val=[{val}]",
+        f"train.out_dir={out_dir}",
+        *SMALL_RUN,
+        "train.max_steps=4",
+        "train.log_every=2",
+        "train.eval_every=4",
+        "train.tensorboard=true",  # what this test reads
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]

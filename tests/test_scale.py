@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ALPHABET, REPO, run_env
+from conftest import ALPHABET, REPO, run_command, run_env
 
 from data.codec import CTCCodec
 from data.label_index import usable_samples
@@ -20,22 +20,16 @@ WORDS = set((REPO / "synthetic" / "words" / "english.txt").read_text().split())
 
 
 def make_scale_lmdb(out, samples: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "tools/make_scale_lmdb.py",
-            "--out",
-            str(out),
-            "--samples",
-            str(samples),
-            "--variants",
-            "3",
-            *extra,
-        ],
-        cwd=REPO,
-        env=run_env(),
-        capture_output=True,
-        text=True,
+    return run_command(
+        sys.executable,
+        "tools/make_scale_lmdb.py",
+        "--out",
+        out,
+        "--samples",
+        samples,
+        "--variants",
+        "3",
+        *extra,
         timeout=120,
     )
 

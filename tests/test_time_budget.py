@@ -25,7 +25,7 @@ from training.time_budget import (
     steps_that_fit,
 )
 
-RECIPE = load_config("crnn.yaml", []).optim  # the train helper's runs are crnn.yaml's
+OPTIM = load_config("crnn.yaml", []).optim  # the train helper's runs are crnn.yaml's
 
 
 def test_all_the_steps_when_they_fit_else_the_round_step_that_fits():
@@ -174,7 +174,7 @@ def test_a_run_out_of_minutes_ends_annealed_at_the_step_it_planned_and_a_resume_
     assert checkpoint["step"] == planned_at
     assert checkpoint["plan"] == {"minutes": 0.001, "max_steps": 1000, "steps": planned_at}
     record = last_train_record(out_dir)
-    assert record["step"] == planned_at and record["lr"] == pytest.approx(RECIPE.lr * RECIPE.min_lr_ratio)  # annealed
+    assert record["step"] == planned_at and record["lr"] == pytest.approx(OPTIM.lr * OPTIM.min_lr_ratio)  # annealed
     assert (out_dir / "best.pt").is_file()  # validated at its last step
 
     # The same command again: the run keeps its plan and has nothing left to train.
@@ -196,7 +196,7 @@ def test_a_plan_that_ends_the_run_inside_its_warm_up_says_so(synth, tmp_path):
     log = train(synth, tmp_path / "run", max_steps=1000, minutes=0.001, warmup_steps=400)
     assert (
         f"warning: optim.warmup_steps=400 is more than the {planned_at} steps that fit train.max_minutes=0.001: "
-        f"the learning rate never reaches optim.lr={RECIPE.lr} (it ends at 62.5% of it); raise "
+        f"the learning rate never reaches optim.lr={OPTIM.lr} (it ends at 62.5% of it); raise "
         "train.max_minutes or lower optim.warmup_steps" in log
     )
     assert log.count("warning:") == 1
@@ -225,4 +225,4 @@ def test_a_run_within_its_minutes_plans_again_before_any_validation_and_keeps_it
         json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines() if '"val"' in line
     ]
     assert validated == [400]
-    assert last_train_record(out_dir)["lr"] == pytest.approx(RECIPE.lr * RECIPE.min_lr_ratio)  # annealed at step 400
+    assert last_train_record(out_dir)["lr"] == pytest.approx(OPTIM.lr * OPTIM.min_lr_ratio)  # annealed at step 400

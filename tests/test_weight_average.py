@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
 
 from models import build_model
-from tests.conftest import REPO, run_env
+from tests.conftest import SMALL_RUN, TORCHRUN_TWO, run_command
 from training.config import ConfigError, load_config, validate
 from training.weight_average import WeightAverage
 
@@ -64,40 +61,25 @@ def test_a_decay_outside_zero_to_one_is_refused_by_name(decay):
 def test_a_ddp_run_saves_and_validates_the_average_and_resumes_it(synth, tmp_path):
     out_dir = tmp_path / "run"
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
+        *TORCHRUN_TWO,
         "train.py",
         "--config",
         "crnn.yaml",
         f"data.train=[{synth / 'train'}]",
         f"data.val=[{synth / 'val'}]",
         f"train.out_dir={out_dir}",
-        "train.batch_size=8",
+        *SMALL_RUN,
         "train.eval_batch_size=8",
         "train.eval_every=3",
         "train.save_every=1",
         "train.keep_checkpoints=10",
-        "data.num_workers=0",
-        "train.precision=fp32",
         "optim.warmup_steps=1",
         "optim.schedule=constant",
         "optim.ema_decay=0.9",
-        "model.hidden_size=32",
     ]
 
     def train(max_steps: int) -> None:
-        result = subprocess.run(
-            [*command, f"train.max_steps={max_steps}"],
-            cwd=REPO,
-            env=run_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
+        run_command(*command, f"train.max_steps={max_steps}", check=True)
 
     train(3)
     checkpoints = {step: torch.load(out_dir / f"ckpt-{step:07d}.pt", weights_only=True) for step in (1, 2, 3)}
