@@ -1,3 +1,6 @@
-"""Everything between an LMDB and a batch: the alphabet and codec, the LMDB format (lmdb_keys.py,
-lmdb_dataset.py, lmdb_writer.py), the image transform and augmentation, the samplers and the two
-loaders."""
+"""Everything between an LMDB and a batch: the alphabet and codec (alphabet.py, codec.py), the LMDB format
+(lmdb_keys.py), opening, reading and writing LMDBs (lmdb_env.py, lmdb_dataset.py, lmdb_writer.py), which
+samples are usable (label_index.py), the image formats read and the one opener of an image
+(image_formats.py), the image transform and augmentation (transforms.py, augment.py, opencv_resize.py),
+the samplers and the two loaders (samplers.py, loaders.py), and the image files a command line names
+(image_files.py)."""

@@ -97,3 +97,24 @@ def check_alphabet(alphabet: str, source: str = "alphabet", lines: bool = False)
                 " by the codec)"
             )
         seen[char] = position
+
+
+# What prints nothing: control characters (Cc), format characters (Cf: U+200B ZERO WIDTH SPACE, U+00AD SOFT
+# HYPHEN, U+FEFF, the bidi controls, ...) and the line and paragraph separators. A label holding one looks
+# right and is not; a script that writes one (U+200C ZERO WIDTH NON-JOINER in Persian) lists it in its alphabet.
+INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def invisible_characters(text: str) -> list[str]:
+    """The characters of `text` that print nothing, each once, in order of appearance."""
+    if text.isprintable():  # every one of them is unprintable: most labels take this one call
+        return []
+    return list(dict.fromkeys(char for char in text if unicodedata.category(char) in INVISIBLE_CATEGORIES))
+
+
+def describe_character(char: str) -> str:
+    """`char` as a message shows it: quoted, and with its code point and name where it does not print."""
+    if char.isprintable():
+        return repr(char)
+    name = unicodedata.name(char, "<control>" if unicodedata.category(char) == "Cc" else "<no name>")
+    return f"{char!r} (U+{ord(char):04X} {name})"

@@ -8,6 +8,7 @@ from pathlib import Path
 from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import image_key
 
+# The file names of data.image_formats.READ_FORMATS: a folder's files of another format are not read.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pbm", ".pgm", ".ppm", ".pnm")
 
 

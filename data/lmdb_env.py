@@ -30,11 +30,28 @@ def open_lmdb(root: str | Path, readahead: bool = False) -> lmdb.Environment:
         raise PermissionError(f"{root / 'data.mdb'}: no permission to read it; fix its permissions (chmod a+r)")
     try:
         # lock=False: readers of a read-only dataset need no lock file, and the folder may be read-only.
-        return lmdb.open(str(root), readonly=True, lock=False, readahead=readahead, meminit=False, max_readers=512)
+        env = lmdb.open(str(root), readonly=True, lock=False, readahead=readahead, meminit=False, max_readers=512)
     except lmdb.Error as error:  # a data.mdb that is not an LMDB (cut short, or another file renamed)
         raise ValueError(
             f"{root / 'data.mdb'} is not a readable LMDB ({error}); rebuild it with " f"scripts/create_lmdb.py"
         ) from None
+    check_whole(env, root)
+    return env
+
+
+def check_whole(env: lmdb.Environment, root: Path) -> None:
+    """Raise, naming the folder, when data.mdb is shorter than the pages its header counts. LMDB reads its
+    pages through a memory map: one past the end of a file cut short (a failed copy, a full disk) kills
+    the process with a bus error at the first read of it, with no word of which dataset. Checked once per
+    opening, from the header (the last page's number), before any page is read."""
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = (root / "data.mdb").stat().st_size
+    if size < needed:
+        env.close()
+        raise ValueError(
+            f"LMDB {root}: data.mdb is {size:,} bytes but its records need {needed:,}; it was cut short (a"
+            f" failed copy?): copy it again, or rebuild it with scripts/create_lmdb.py"
+        )
 
 
 # py-lmdb allows one open environment per file per process, and the same LMDB may back several

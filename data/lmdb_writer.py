@@ -6,8 +6,10 @@ deep-text-recognition-benchmark, parseq and mmocr read.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import resource
 import secrets
 import shutil
 import socket
@@ -90,10 +92,58 @@ def staged_lmdb(path: Path) -> Iterator[Path]:
             shutil.rmtree(replaced)
         else:
             staging.rename(path)
-    except BaseException:
+    except BaseException as error:
+        # Measured before the staging folder is removed, which frees the space a full disk ran out of.
+        failure = describe_write_failure(error, path, staging) if isinstance(error, lmdb.Error) else None
         shutil.rmtree(staging, ignore_errors=True)
         remove_empty_folders(created)  # a tool stopped before its first LMDB leaves no empty --out behind
+        if failure:
+            raise LmdbWriteError(failure) from None
         raise
+
+
+class LmdbWriteError(OSError):
+    """LMDB could not write: the one line names the LMDB, the free space and what to do."""
+
+
+def describe_write_failure(error: lmdb.Error, path: Path, staging: Path) -> str:
+    """What a failed LMDB write means where it happened. LMDB's own words mislead: a full disk gives a
+    short write, which it reports as `mdb_txn_commit: Input/output error`, as if the disk were failing,
+    and it names no folder. The free space tells a full disk (or a quota) from a fault; a limit on the
+    size of this process's files (ulimit -f) gives the same short write on a disk with room."""
+    written = sum(file.stat().st_size for file in staging.glob("*.mdb"))
+    free = shutil.disk_usage(staging).free
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    # py-lmdb gives the error's text only (`mdb_txn_commit: No space left on device`), not its number.
+    out_of_space = isinstance(error, lmdb.DiskError) or any(
+        os.strerror(code) in str(error) for code in (errno.ENOSPC, errno.EDQUOT)
+    )
+    if out_of_space or free < INITIAL_MAP_SIZE:
+        advice = "the disk is full (or your quota on it): free space there, or write the LMDB to another disk"
+    elif limit != resource.RLIM_INFINITY and written + INITIAL_MAP_SIZE > limit:
+        advice = (
+            f"this process may write files of at most {size_text(limit)} (ulimit -f): raise the limit, or "
+            f"write smaller LMDBs"
+        )
+    else:
+        advice = (
+            "the disk has room, so it may be failing: see the system log (dmesg) for its errors, and write the"
+            " LMDB to another disk"
+        )
+    return (
+        f"LMDB {path}: the write failed after {size_text(written)} ({error}); {size_text(free)} free on its "
+        f"disk; {advice}. {path} is as it was, and the part written is removed"
+    )
+
+
+def size_text(size: float) -> str:
+    if size < 1024:
+        return f"{int(size):,} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f} {unit}"
 
 
 def staging_prefix(path: Path) -> str:

@@ -9,7 +9,6 @@ what an older checkpoint is fed.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from PIL import ExifTags, Image, ImageOps
 from torch import Tensor
 
 from data.augment import Augmentation
+from data.image_formats import open_image
 from data.opencv_resize import resize_opencv_linear
 from utils.checks import not_one_of, out_of_range
 
@@ -43,6 +43,7 @@ PADDINGS = ("replicate",)  # keep_aspect fills the right side by repeating the l
 CHOICES = {"color": COLORS, "interpolation": INTERPOLATIONS, "padding": PADDINGS}  # each field's table
 # The range of each number (lowest, highest; each value of mean and std): what the model and torchvision
 # take. NaN and infinity are refused too.
+LARGEST_SIDE = 65535  # pixels of the model's input, each way: a line of ~2,000 characters at height 32
 RANGES = {
     "height": (1, math.inf),
     "width": (1, math.inf),
@@ -110,7 +111,10 @@ class Preprocessing:
         values.update({field: getattr(config.data, key) for field, key in DATA_KEYS.items()})
         values.update(color=modes[config.model.in_channels], mean=tuple(values["mean"]), std=tuple(values["std"]))
         keys = {field: f"data.{key}" for field, key in DATA_KEYS.items()}
-        problems = preprocessing_problems(values, name=lambda field: keys.get(field, field))
+        problems = [
+            *preprocessing_problems(values, name=lambda field: keys.get(field, field)),
+            *oversized(values, name=lambda field: keys.get(field, field)),
+        ]
         if problems:
             raise PreprocessingError("; ".join(problems))
         return cls(**values)
@@ -144,6 +148,18 @@ class Preprocessing:
             raise PreprocessingError(f"{source}: its preprocessing record is not usable: {error}") from None
 
 
+def oversized(values: dict[str, Any], name: Callable[[str], str]) -> list[str]:
+    """A side above LARGEST_SIDE in a preprocessing someone gives (a run's config, a checkpoint's record),
+    each named as `name` says. Not a check of every Preprocessing: those made from one (a long crop read
+    in pieces, up to 32 widths) may be wider."""
+    return [
+        f"{name(field)}={values[field]}: must be at most {LARGEST_SIDE} (the most a JPEG stores; every image would"
+        f" be resized to it, and an evaluation batch that large takes gigabytes)"
+        for field in ("height", "width")
+        if isinstance(values.get(field), (int, float)) and values[field] > LARGEST_SIDE
+    ]
+
+
 def preprocessing_problems(values: dict[str, Any], name: Callable[[str], str]) -> list[str]:
     """Why a preprocessing of these field values cannot be applied, each problem naming its field as `name`
     says (the config key, or the field itself for a checkpoint's record); [] when it can. The one check of
@@ -165,8 +181,9 @@ def preprocessing_problems(values: dict[str, Any], name: Callable[[str], str]) -
 def decode_image(image_bytes: bytes, mode: str) -> Image.Image:
     """Encoded bytes as a viewer shows them, in the 8-bit `mode` ("L" or "RGB"): turned upright as
     their EXIF orientation says (phone photos are stored sideways), wide modes scaled, transparency
-    made white. The one decoder of training, evaluation, prediction and the data tools' checks."""
-    with Image.open(io.BytesIO(image_bytes)) as image:
+    made white. The one decoder of training, evaluation, prediction and the data tools' checks; it reads
+    data.image_formats.READ_FORMATS alone, and the first frame of an image of several."""
+    with open_image(image_bytes) as image:
         # In place: no copy of the pixels when there is nothing to turn, the usual case. It reads EXIF
         # that is already parsed, or, in a PNG, that decoding the pixels (needed anyway) finds.
         ImageOps.exif_transpose(image, in_place=True)
@@ -310,7 +327,7 @@ def pad_right(images: Tensor, width: int) -> Tensor:
 
 def image_size(image_bytes: bytes) -> tuple[int, int]:
     """(width, height) of an encoded image as decode_image turns it upright, from its header alone."""
-    with Image.open(io.BytesIO(image_bytes)) as image:
+    with open_image(image_bytes) as image:
         width, height = image.size
         return (height, width) if header_orientation(image, image_bytes) in SIDEWAYS else (width, height)
 

@@ -19,6 +19,32 @@ from utils.distributed import DistEnv, all_reduce_sum
 from utils.precision import autocast
 
 
+class NonFiniteOutput(ValueError):
+    """The model's output holds NaN or infinity: scored, it would be an error of integer code or 0 %; read,
+    an empty text at confidence 0."""
+
+
+def check_finite_outputs(logits: Tensor, precision: str) -> None:
+    """Raise when `logits` `[B, T, C]` hold NaN or infinity, before any code takes them for numbers. A
+    checkpoint's weights are checked when it is read (training.checkpoint.check_finite), so what is left
+    is an overflow in the forward pass: fp16's, or weights grown too large in a run that is diverging.
+    One reduction per batch, never in the training step; the decoder after it reads the logits on the
+    host anyway."""
+    finite = torch.isfinite(logits).flatten(1).all(1)  # [B]
+    if bool(finite.all()):
+        return
+    cause = (
+        "fp16's largest number is 65504, and this model's activations pass it: use bf16 or fp32 (--precision,"
+        " train.precision)"
+        if precision == "fp16"
+        else "its weights have grown past what the arithmetic holds, as in a run that diverges: use an earlier"
+        " checkpoint (in training: lower optim.lr, keep optim.grad_clip on)"
+    )
+    raise NonFiniteOutput(
+        f"the model's output holds NaN or infinity for {int((~finite).sum())} of {len(finite)} images; {cause}"
+    )
+
+
 @torch.inference_mode()
 def evaluate(
     model: nn.Module,
@@ -51,6 +77,7 @@ def evaluate(
         images = batch.images.to(env.device, non_blocking=True, memory_format=memory_format)
         with autocast(env.device, precision):
             logits = model(images)  # [B, T, C]
+        check_finite_outputs(logits, precision)
         readings = decode(logits)
         losses, _ = ctc_losses(logits, batch.targets, batch.target_lengths, count_infinite=False)
         update_counts(
@@ -117,6 +144,7 @@ def read_images(
     for positions in by_width.values():
         with autocast(device, precision):
             logits = model(torch.stack([images[position] for position in positions]).to(device))  # [B, T, C]
+        check_finite_outputs(logits, precision)
         for position, reading in zip(positions, decode(logits)):
             results[position] = reading
     return results

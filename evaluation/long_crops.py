@@ -85,11 +85,20 @@ class PiecewiseModel(nn.Module):
         self.pitch = max(1, round(self.piece_width / added))
         self.stride = max(self.pitch, self.piece_width // 2 // self.pitch * self.pitch)
 
+    def padded_width(self, width: int) -> int:
+        """Up to pitch - 1 columns more, so the last piece, flush with the right end, starts on the grid."""
+        return self.piece_width + -(-(width - self.piece_width) // self.pitch) * self.pitch
+
+    def pieces(self, width: int) -> int:
+        """How many model inputs an image `width` pixels wide is read as (1 up to the model's width)."""
+        if width <= self.piece_width:
+            return 1
+        return len(piece_starts(self.padded_width(width), self.piece_width, self.stride))
+
     def forward(self, images: Tensor) -> Tensor:  # [B, C, H, W] -> [B, T, classes]
         if images.shape[-1] <= self.piece_width:
             return self.model(images)
-        # Up to pitch - 1 columns more, so the last piece, flush with the right end, starts on the grid.
-        width = self.piece_width + -(-(images.shape[-1] - self.piece_width) // self.pitch) * self.pitch
+        width = self.padded_width(images.shape[-1])
         images = pad_right(images, width)
         starts = piece_starts(width, self.piece_width, self.stride)
         pieces = torch.stack([images[..., start : start + self.piece_width] for start in starts], 1)  # [B, P, C, H, w]

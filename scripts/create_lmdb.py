@@ -8,8 +8,12 @@ ignored. Every image is fully decoded once to check it, as training decodes it, 
 bytes are stored as they are (no re-encoding). Lines that fail a check are skipped and reported, grouped
 by reason. An image listed again (under the same path or another spelling of it: `./a.jpg`, `a.jpg`)
 with the same label is stored once; with another label it is an error, and nothing is written. So is a
-line with a third column (a tab in the label: which column is the label is not guessed). A label's
-surrounding whitespace is removed, and each such line is listed before anything is written.
+line with a third column (a tab in the label: which column is the label is not guessed), and a label
+holding a character that prints nothing (U+200B ZERO WIDTH SPACE, a control character: one
+--check-alphabet lists is kept). A label's surrounding whitespace is removed, and each such line is
+listed before anything is written. Images are read in the formats training reads (docs/data.md); one
+of several frames (an animated GIF or PNG, a TIFF of pages) is skipped, as the frame the label
+describes is not guessed.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data.alphabet import load_alphabet
+from data.alphabet import describe_character, invisible_characters, load_alphabet
+from data.image_formats import FormatNotRead, frame_count
 from data.lmdb_writer import write_lmdb
 from data.transforms import decode_image
 from utils import cli
@@ -68,10 +73,19 @@ def check_sample(root: Path, line: str, alphabet: set[str] | None) -> tuple[byte
     try:
         # Decode the very bytes that will be stored, in full (what catches truncated files), as training will.
         width, height = decode_image(image_bytes, "L").size
+        frames = frame_count(image_bytes)
+    except FormatNotRead as error:
+        raise BadLine("image in a format training does not read", str(error)) from error
     except Exception as error:  # Pillow's plugins raise many types (OSError, SyntaxError, ValueError, ...)
         raise BadLine("image cannot be decoded", f"{type(error).__name__}: {error}") from error
     if width == 0 or height == 0:
         raise BadLine("image has zero width or height", f"{width}x{height}")
+    if frames > 1:  # which frame the label describes is not guessed: training would read the first
+        raise BadLine(
+            "image holds several frames (an animation, or pages); training reads only the first: save the"
+            " frame that shows the label as an image of its own",
+            f"{frames} frames",
+        )
     return image_bytes, label
 
 
@@ -93,12 +107,23 @@ class GtCheck:
     conflicts: list[str] = field(default_factory=list)  # an image given two labels, described
     extra_columns: list[str] = field(default_factory=list)  # lines with a tab in the label, described
     stripped: list[str] = field(default_factory=list)  # labels stored without surrounding whitespace, described
+    invisible: list[str] = field(default_factory=list)  # labels holding characters that print nothing, described
+    outside: list[str] = field(default_factory=list)  # paths leading out of --images, described
 
 
-def check_gt(root: Path, gt_file: Path) -> GtCheck:
+def inside(image: str, resolved_root: str) -> bool:
+    """Whether `image` lies under `resolved_root`, both with their symbolic links resolved. A GT file may
+    come from someone else: `../`, an absolute path or a link leading out would store any image this
+    user can read in an LMDB that is then shared."""
+    return os.path.commonpath([resolved_root, image]) == resolved_root
+
+
+def check_gt(root: Path, gt_file: Path, alphabet: set[str] | None = None) -> GtCheck:
     """Images the GT lists more than once (however the path is spelled), lines with more than two
-    columns, and labels with surrounding whitespace."""
+    columns, labels with surrounding whitespace, and labels holding characters that print nothing
+    (data.alphabet.invisible_characters) which `alphabet` does not list; and paths that lead out of `root`."""
     first: dict[str, tuple[int, str]] = {}
+    resolved_root = os.path.realpath(root)
     found = GtCheck()
     for number, line in gt_lines(gt_file):
         try:
@@ -114,7 +139,13 @@ def check_gt(root: Path, gt_file: Path) -> GtCheck:
         written = line.partition("\t")[2]
         if label != written:
             found.stripped.append(f"line {number}: {written!r} -> {label!r}")
+        invisible = [char for char in invisible_characters(label) if alphabet is None or char not in alphabet]
+        if invisible:
+            names = ", ".join(describe_character(char) for char in invisible)
+            found.invisible.append(f"line {number}: {label!r} holds {names}")
         image = os.path.realpath(root / relative_path)
+        if not inside(image, resolved_root):
+            found.outside.append(f"line {number}: {relative_path!r} is {image}")
         if image not in first:
             first[image] = (number, label)
         elif first[image][1] == label:
@@ -190,15 +221,29 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --check-alphabet: {error}")
 
     try:
-        found = check_gt(args.images, args.gt)
+        found = check_gt(args.images, args.gt, alphabet)
     except UnicodeDecodeError as error:
         sys.exit(f"error: --gt {args.gt} is not UTF-8 text ({error}); re-save it as UTF-8")
+    if found.outside:
+        sys.exit(
+            f"error: --gt {args.gt}: {len(found.outside)} line(s) name images outside --images {args.images} (by"
+            f" ../, an absolute path or a symbolic link), which would be stored in the LMDB: copy those images"
+            f" under {args.images}, or give --images a folder that holds them all; nothing was written:\n"
+            f"  {shown(found.outside)}"
+        )
     if found.extra_columns:
         # Refused, not guessed at: the label may be the second column or the last (`path, id, label`).
         sys.exit(
             f"error: --gt {args.gt}: {len(found.extra_columns)} line(s) have more than two tab-separated"
             f" columns; a line is path<TAB>label and a label holds no tab: keep the two columns (e.g."
             f" cut -f1,2), nothing was written:\n  {shown(found.extra_columns)}"
+        )
+    if found.invisible:
+        # Refused, not removed: which were typed by mistake is not guessed (U+200C joins Persian letters).
+        sys.exit(
+            f"error: --gt {args.gt}: {len(found.invisible)} label(s) hold characters that print nothing: they"
+            f" look right and are not; remove those characters from the labels (or, where the script writes"
+            f" them, list them in --check-alphabet), nothing was written:\n  {shown(found.invisible)}"
         )
     if found.conflicts:
         sys.exit(

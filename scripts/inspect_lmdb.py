@@ -7,16 +7,16 @@
 
 Prints num-samples and the keys present, missing keys, histograms of label length and image width and
 height, image formats, labels that are empty or not UTF-8, characters outside `--alphabet` (with
-`--fold-case`, as training with data.fold_case=true sees them), and images that cannot be read. Image
-sizes come from the file headers, without decoding the pixels; `--decode` decodes every image too,
-which also finds truncated files. `--montage` draws `--samples` random samples (fixed `--seed`) with
-their labels. The LMDB is opened read-only (no lock file is written).
+`--fold-case`, as training with data.fold_case=true sees them), labels holding characters that print
+nothing (U+200B, ...), images that cannot be read (or of a format training does not read), and images
+of several frames (training reads the first). Image sizes come from the file headers, without decoding
+the pixels; `--decode` decodes every image too, which also finds truncated files. `--montage` draws
+`--samples` random samples (fixed `--seed`) with their labels. The LMDB is opened read-only (no lock file is written).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import random
 import sys
 import unicodedata
@@ -29,8 +29,9 @@ import lmdb
 from PIL import Image
 from tqdm import tqdm
 
-from data.alphabet import load_alphabet
+from data.alphabet import describe_character, invisible_characters, load_alphabet
 from data.codec import CTCCodec, fold_case
+from data.image_formats import FormatNotRead, open_image
 from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import LabelNotUtf8, image_key, read_label
 from data.transforms import decode_image, image_size
@@ -58,6 +59,9 @@ class Report:
     undecodable: list[tuple[int, str]] = field(default_factory=list)
     outside_alphabet: Counter = field(default_factory=Counter)  # character -> occurrences
     labels_outside_alphabet: list[int] = field(default_factory=list)
+    invisible: Counter = field(default_factory=Counter)  # character that prints nothing -> labels holding it
+    labels_with_invisible: list[int] = field(default_factory=list)
+    several_frames: list[tuple[int, int]] = field(default_factory=list)  # (index, frames): training reads the first
     complete: list[int] = field(default_factory=list)  # indices holding both a label and an image
 
 
@@ -94,15 +98,17 @@ def show_key(key: bytes) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str]:
-    """(width, height, "FORMAT MODE") from the header, and every pixel too with `decode`; raises if unreadable."""
+def inspect_image(image_bytes: bytes, decode: bool) -> tuple[int, int, str, int]:
+    """(width, height, "FORMAT MODE", frames) from the header, and every pixel too with `decode`; raises if
+    unreadable, or of a format training does not read."""
     if not image_bytes:
         raise ValueError("empty value")
-    with Image.open(io.BytesIO(image_bytes)) as image:
+    with open_image(image_bytes) as image:
         if decode:
             image.load()
         kind = f"{image.format} {image.mode}"
-    return (*image_size(image_bytes), kind)  # upright, as training sees it
+        frames = getattr(image, "n_frames", 1)
+    return (*image_size(image_bytes), kind, frames)  # upright, as training sees it
 
 
 def scan(
@@ -121,6 +127,10 @@ def scan(
         else:
             label = normalize(label)
             report.label_lengths[len(label)] += 1
+            invisible = invisible_characters(label)
+            if invisible:
+                report.invisible.update(invisible)
+                report.labels_with_invisible.append(index)
             if not label:
                 report.empty_labels.append(index)
             if alphabet is not None:
@@ -132,15 +142,19 @@ def scan(
             report.missing_images.append(index)
         else:
             try:
-                width, height, kind = inspect_image(bytes(image_bytes), decode)
+                width, height, kind, frames = inspect_image(bytes(image_bytes), decode)
             except Image.UnidentifiedImageError:
                 report.undecodable.append((index, "not an image format Pillow knows (or a corrupt header)"))
+            except FormatNotRead as error:
+                report.undecodable.append((index, str(error)))
             except Exception as error:  # any failure is a finding, not a crash
                 report.undecodable.append((index, f"{type(error).__name__}: {error}"))
             else:
                 report.widths[width] += 1
                 report.heights[height] += 1
                 report.formats[kind] += 1
+                if frames > 1:
+                    report.several_frames.append((index, frames))
         if label is not None and image_bytes is not None:
             report.complete.append(index)
     return report
@@ -240,6 +254,21 @@ def print_report(
         print(f"  #{index}: {reason}")
     if len(report.undecodable) > EXAMPLES:
         print(f"  ... and {len(report.undecodable) - EXAMPLES} more")
+    if report.several_frames:
+        more = len(report.several_frames) - EXAMPLES
+        shown = ", ".join(f"#{index} ({frames} frames)" for index, frames in report.several_frames[:EXAMPLES])
+        shown += f" and {more} more" if more > 0 else ""
+        print(
+            f"images of several frames: {len(report.several_frames)} ({shown});"
+            " training reads the first frame alone: check it shows the label (--montage draws it)"
+        )
+    if report.labels_with_invisible:
+        names = ", ".join(f"{describe_character(char)}: {count}" for char, count in report.invisible.most_common())
+        print(
+            f"labels holding characters that print nothing: {len(report.labels_with_invisible)}"
+            f" ({examples(report.labels_with_invisible)}): {names}; they look right and are not: training"
+            " counts them outside the alphabet unless it lists them"
+        )
     if alphabet is not None:
         labels = report.labels_outside_alphabet
         print(

@@ -28,6 +28,7 @@ a seed gives the same bytes whatever `--workers` is.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import time
@@ -163,7 +164,23 @@ def report_plan(
     if photo_package_missing:
         print(
             "  no photo backgrounds from packages: `pip install -r requirements-synthetic.txt` adds scikit-image's 12"
-            " public-domain photos (a model trained with them reads real crops better, docs/real-text-experiments.md)"
+            " public-domain photos (a model trained with them reads real crops better, docs/real-text.md)"
+        )
+
+
+def check_families_named(named: tuple[str, ...], fonts: FontPlan) -> None:
+    """Each family the user named in --held-out-fonts is one that can draw here: a typo would otherwise
+    hold nothing out, and test would be drawn in the train fonts without a word of why."""
+    families = sorted({coverage.font.family for coverage in fonts.train + fonts.held_out})
+    by_lowercase = {family.lower(): family for family in families}
+    for family in named:
+        if family in families:
+            continue
+        close = difflib.get_close_matches(family.lower(), by_lowercase, n=1)
+        guess = f" (did you mean {by_lowercase[close[0]]!r}?)" if close else ""
+        sys.exit(
+            f"error: --held-out-fonts: unknown font family {family!r}{guess}; choose among the families that"
+            f" can draw the alphabet here: {', '.join(families)}"
         )
 
 
@@ -176,10 +193,15 @@ def report_fonts(fonts: FontPlan, system_fonts: bool) -> None:
         f"fonts: {len(train)} families for train and val, {len(held_out)} held out for test"
         f" ({len(fonts.train) + len(fonts.held_out)} files; from {', '.join(origins)})"
     )
-    print(
-        "  held out: "
-        + (", ".join(held_out) if held_out else "none: a single family is installed, so test uses it too")
-    )
+    if held_out:
+        print(f"  held out: {', '.join(held_out)}")
+    elif len(train) == 1:
+        print("  held out: none: a single family is installed, so test uses it too")
+    else:  # was "a single family is installed" whatever the reason, e.g. of 71 families
+        print(
+            "  held out: none: no family --held-out-fonts names is installed, or it names every one (none would be"
+            " left for train), so test uses the train fonts"
+        )
     print(f"  train: {', '.join(train)}")
     packages = {
         coverage.font.origin for coverage in fonts.train + fonts.held_out if coverage.font.origin.startswith("package")
@@ -193,7 +215,7 @@ def report_fonts(fonts: FontPlan, system_fonts: bool) -> None:
     if system_fonts and not packages:
         print(
             "  no font packages: `pip install -r requirements-synthetic.txt` adds the README's typefaces (a model"
-            " trained on the system's fonts alone read real crops 11.8 points worse, docs/real-text-experiments.md)"
+            " trained on the system's fonts alone read real crops 11.8 points worse, docs/real-text.md)"
         )
     if len(train) < 5:
         print(
@@ -256,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {option}: {error}")
     except UnicodeDecodeError as error:
         sys.exit(f"error: --words: {words_file} is not UTF-8 text ({error})")
+    if args.held_out_fonts != ",".join(HELD_OUT_FAMILIES):  # the default's families: those installed
+        check_families_named(held_out, plan.fonts)
     report_plan(plan, alphabet, skipped_words, words_file, args.system_fonts, args.package_photos and not photos)
     if not plan.fonts.alphabet.strip():
         sys.exit(

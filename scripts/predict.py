@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -50,7 +51,12 @@ def parse_args() -> argparse.Namespace:
         default="auto",
         help="auto (CUDA if available), cpu, cuda:N, or another accelerator this machine has (mps)",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="model inputs per forward pass (default 64; a long crop is one per piece, and is read alone if wider)",
+    )
     parser.add_argument(
         "--config",
         action=ConfigFileOption,
@@ -115,6 +121,27 @@ def read_image(path: str, transform: ImageTransform | LongCropTransform) -> Tens
     return None
 
 
+def batches(
+    paths: list[str], inputs: ImageTransform | LongCropTransform, cost: Callable[[Tensor], int], batch_size: int
+) -> Iterator[list[tuple[str, Tensor | None]]]:
+    """Each path with its model input (None: not decodable), in batches of at most `batch_size` model
+    inputs, a long crop counting one per piece (`cost`): a batch of images would let 64 slivers of
+    1 x 100000 pixels (63 pieces each) ask for 4,032 inputs in one forward pass. A crop of more pieces
+    than `batch_size` is read alone."""
+    batch: list[tuple[str, Tensor | None]] = []
+    used = 0
+    for path in paths:
+        image = read_image(path, inputs)
+        pieces = 0 if image is None else cost(image)
+        if batch and used + pieces > batch_size:
+            yield batch
+            batch, used = [], 0
+        batch.append((path, image))
+        used += pieces
+    if batch:
+        yield batch
+
+
 @torch.inference_mode()
 def predict(
     paths: list[str],
@@ -147,8 +174,8 @@ def predict(
     inputs = long_crops if split else transform
     reader = PiecewiseModel(model, preprocessing) if split else model  # the model itself for inputs up to its width
     undecodable = in_pieces = 0
-    for start in range(0, len(paths), batch_size):
-        decoded = [(path, read_image(path, inputs)) for path in paths[start : start + batch_size]]
+    cost = (lambda image: reader.pieces(image.shape[-1])) if split else (lambda image: 1)
+    for decoded in batches(paths, inputs, cost, batch_size):
         readable = [(path, image) for path, image in decoded if image is not None]
         undecodable += len(decoded) - len(readable)
         if not readable:

@@ -17,6 +17,8 @@ from typing import TypeVar
 import numpy as np
 from PIL import Image
 
+from data.image_formats import open_image
+
 T = TypeVar("T")
 
 TRAIN_STYLES = ("flat", "gradient", "noise", "blotches", "stripes")
@@ -206,7 +208,7 @@ def check_photo(path: str, read: Callable[[Image.Image], T]) -> T:
     """`read` applied to the opened photo at `path`; a photo Pillow cannot read (no image, cut short) is
     an error naming it, not Pillow's message about an unnamed file."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:  # the formats training reads: no EPS handed to Ghostscript
             return read(image)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ValueError(

@@ -23,8 +23,11 @@ and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
 
 from __future__ import annotations
 
+import math
 import pickle
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,11 @@ from torch import nn
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
-from data.transforms import Preprocessing
+from data.transforms import Preprocessing, PreprocessingError, oversized
 from models import model_from_config
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
 from utils.atomic_write import write_atomically
+from utils.precision import PRECISIONS
 
 FORMAT = 1
 # What checkpoints written before the preprocessing record existed were fed: the constants of that time.
@@ -120,10 +124,40 @@ def is_training_checkpoint(checkpoint: dict[str, Any]) -> bool:
 def read_preprocessing(checkpoint: dict[str, Any], source: str) -> Preprocessing:
     """The checkpoint's own record; one written before records existed gets the constants of that time."""
     if "preprocessing" in checkpoint:
+        problems = record_type_problems(checkpoint["preprocessing"]) or oversized(checkpoint["preprocessing"], str)
+        if problems:
+            raise PreprocessingError(f"{source}: its preprocessing record is not usable: {'; '.join(problems)}")
         return Preprocessing.from_dict(checkpoint["preprocessing"], source)
     # Its config's size, colour and keep_aspect, read as a run's config is read (Preprocessing.from_config).
     config_record = Preprocessing.from_config(from_dict(checkpoint["config"])).to_dict()
     return Preprocessing.from_dict({**config_record, **LEGACY}, source)
+
+
+def record_type_problems(record: dict[str, Any]) -> list[str]:
+    """Each field of a preprocessing record whose value is not of the type Preprocessing declares for it:
+    the record's ranges are checked by Preprocessing itself, but a range check cannot compare text with
+    a number, and a keep_aspect of 'no' would count as true."""
+    problems = []
+    for name, hint in typing.get_type_hints(Preprocessing).items():
+        value = record.get(name)
+        if name not in record:
+            continue
+        if hint is bool:
+            fits, what = isinstance(value, bool), "true or false"
+        elif hint is int:
+            fits, what = is_integer(value), "an integer"
+        elif hint is float:
+            fits, what = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif hint is str:
+            fits, what = isinstance(value, str), "text"
+        else:  # tuple[float, ...]: mean and std, one value or one per channel
+            fits = isinstance(value, (list, tuple)) and all(
+                isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
+            )
+            what = "a list of numbers"
+        if not fits:
+            problems.append(f"{name} is {describe_value(value)}, not {what}")
+    return problems
 
 
 def check_checkpoint_path(path: str | Path) -> Path:
@@ -166,10 +200,111 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if not checkpoint or not all(isinstance(value, torch.Tensor) for value in checkpoint.values()):
             raise ValueError(f"{path}: neither a checkpoint of this project (no 'model' key) nor a state dict")
         checkpoint = {"model": checkpoint}
+    check_fields(checkpoint, path)
     for key in ("model", "raw_model"):
         if key in checkpoint:
             checkpoint[key] = strip_wrapper_prefixes(checkpoint[key])
+            check_finite(checkpoint[key], key, path)
     return checkpoint
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that reads, but whose contents are not what its fields say: one line naming the file and
+    the field. A ValueError, so that a run folder's search for its newest checkpoint skips it with a warning."""
+
+
+def is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not a step
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# What each recorded fact must be, checked once when a checkpoint is read: the code after it assumes them
+# (a step in arithmetic, an alphabet as characters), so a file edited by hand, or a field written by
+# another program, is named here, field by field, rather than deep in a traceback or not at all.
+FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "format": (lambda value: is_integer(value) and value >= 0, "a format number (an integer)"),
+    "step": (lambda value: is_integer(value) and value >= 0, "a count of steps (an integer, 0 or more)"),
+    "world_size": (lambda value: is_integer(value) and value >= 1, "a number of processes (an integer, 1 or more)"),
+    "average_updates": (lambda value: is_integer(value) and value >= 0, "a count of steps (an integer, 0 or more)"),
+    "accuracy": (lambda value: value is None or is_number(value), "an accuracy (a number, or none)"),
+    "best_accuracy": (lambda value: value is None or is_number(value), "an accuracy (a number, or none)"),
+    "alphabet": (lambda value: value is None or isinstance(value, str), "the characters, as text"),
+    "precision": (lambda value: value in PRECISIONS[1:], f"a precision ({', '.join(PRECISIONS[1:])})"),  # not auto
+    "plan": (lambda value: value is None or isinstance(value, dict), "a plan (a mapping, or none)"),
+    "rng": (lambda value: isinstance(value, list), "a list of random states"),
+    "data_sizes": (lambda value: isinstance(value, list), "a list of sizes"),
+    **{
+        name: (lambda value: isinstance(value, dict), "a mapping")
+        for name in ("config", "preprocessing", "versions", "imported_from", "optimizer", "scheduler", "scaler")
+    },
+    "log_window": (lambda value: isinstance(value, dict), "a mapping"),
+}
+
+
+def check_fields(checkpoint: dict[str, Any], path: Path) -> None:
+    """Each field of FIELDS that the checkpoint holds is what it must be, and its weights are a state dict."""
+    for name in ("model", "raw_model"):
+        weights = checkpoint.get(name, {})
+        if not isinstance(weights, dict):
+            found = describe_value(weights)
+        else:
+            found = next(
+                (
+                    f"its entry {key!r} is {describe_value(value)}"
+                    for key, value in weights.items()
+                    if not (isinstance(key, str) and isinstance(value, torch.Tensor))
+                ),
+                None,
+            )
+        if found:
+            raise CheckpointError(
+                f"{path}: its '{name}' is not a state dict (names to tensors): {found}; the file was edited or "
+                f"written by another program; use a checkpoint train.py wrote"
+            )
+    for name, (fits, what) in FIELDS.items():
+        if name in checkpoint and not fits(checkpoint[name]):
+            raise CheckpointError(
+                f"{path}: its '{name}' is {describe_value(checkpoint[name])}, not {what}: the file was edited or "
+                f"written by another program; use a checkpoint train.py wrote"
+            )
+    if checkpoint.get("format", FORMAT) > FORMAT:
+        raise CheckpointError(
+            f"{path}: its 'format' is {checkpoint['format']}, and this version reads up to {FORMAT}: it was "
+            f"written by a newer version of the project; read it with that version"
+        )
+
+
+def describe_value(value: Any) -> str:
+    """A value as an error message shows it: short, with its type."""
+    shown = repr(value)
+    return f"{shown if len(shown) <= 40 else shown[:37] + '...'} ({type(value).__name__})"
+
+
+def check_finite(weights: dict[str, torch.Tensor], name: str, path: Path) -> None:
+    """Every floating-point tensor of `weights` holds numbers: one NaN or infinity would make every output
+    NaN, which eval and predict would otherwise score as 0 % or read as empty text at confidence 0. Once,
+    at load: one reduction per tensor and a single transfer of the answers."""
+    floating = [(key, tensor) for key, tensor in weights.items() if tensor.is_floating_point() or tensor.is_complex()]
+    if not floating:
+        return
+    finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in floating]).tolist()
+    bad = [(key, tensor) for (key, tensor), ok in zip(floating, finite) if not ok]
+    if not bad:
+        return
+    key, tensor = bad[0]
+    nan, infinite = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    held = " and ".join(
+        [f"NaN ({nan} value{'s' * (nan != 1)})"] * bool(nan)
+        + [f"infinity ({infinite} value{'s' * (infinite != 1)})"] * bool(infinite)
+    )
+    others = f", as do {len(bad) - 1} other tensor(s)" if len(bad) > 1 else ""
+    where = "weight" if name == "model" else f"{name} weight"
+    raise CheckpointError(
+        f"{path}: {where} '{key}' holds {held}{others}: the run that wrote it diverged; pick an earlier checkpoint"
+    )
 
 
 def load_model(
@@ -182,15 +317,26 @@ def load_model(
     """
     checkpoint = load_checkpoint(path, map_location=device)
     if "config" in checkpoint:
-        config = from_dict(checkpoint["config"])
+        try:
+            config = from_dict(checkpoint["config"])
+        except ConfigError as error:
+            raise CheckpointError(f"{path}: its config is not usable: {error}") from None
         preprocessing = read_preprocessing(checkpoint, str(path))
     elif config is None:
         raise ConfigError(f"{path} is a bare state dict: pass --config with the model and alphabet it was trained with")
     else:
         preprocessing = Preprocessing.from_config(config)
-    alphabet = checkpoint.get("alphabet") or load_alphabet(config.data.alphabet)
-    codec = CTCCodec(alphabet, config.data.fold_case)
+    recorded = checkpoint.get("alphabet")
+    alphabet = recorded or load_alphabet(config.data.alphabet)
+    try:
+        codec = CTCCodec(alphabet, config.data.fold_case)
+    except ValueError as error:
+        if not recorded:
+            raise
+        raise CheckpointError(f"{path}: its alphabet is not usable: {error}") from None
     model = model_from_config(config.model, codec.num_classes)
+    if recorded:
+        check_alphabet_fits(model.state_dict(), checkpoint["model"], codec.num_classes, path)
     try:
         model.load_state_dict(checkpoint["model"], strict=True)
     except RuntimeError as error:
@@ -199,6 +345,23 @@ def load_model(
             f" (another alphabet or architecture?):\n{error}"
         ) from None
     return model.to(device).eval(), codec, config, preprocessing
+
+
+def check_alphabet_fits(
+    expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_classes: int, path: str | Path
+) -> None:
+    """The alphabet a checkpoint records is the one its classifier was trained on: one row per character,
+    and the blank's. Another would read every class as another character, or not load."""
+    for key in classifier_keys(expected, num_classes):
+        rows = weights.get(key)
+        fits_but_the_rows = rows is not None and rows.ndim and rows.shape[1:] == expected[key].shape[1:]
+        if fits_but_the_rows and rows.shape[0] != num_classes:
+            raise CheckpointError(
+                f"{path}: its alphabet has {num_classes - 1} characters, but its classifier ({key}) has "
+                f"{rows.shape[0]} rows, for the blank and {rows.shape[0] - 1} characters: its weights were trained for "
+                f"another alphabet or architecture than it records; use the checkpoint as train.py wrote it, or "
+                f"import the weights with scripts/import_weights.py --alphabet, giving their characters in class order"
+            )
 
 
 def classifier_keys(state_dict: dict[str, torch.Tensor], num_classes: int) -> list[str]:

@@ -96,10 +96,44 @@ AMBIGUOUS: tuple[tuple[re.Pattern, str, Callable[[str, Any], str]], ...] = (
 )
 
 
-class ConfigLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that an unquoted value keeps its text (PlainText), and a key given twice in
-    one mapping is an error: PyYAML keeps the last one silently, so a second `train:` section would drop
-    every key of the first."""
+# A config is a page of keys; a file far larger is not one (and is not read into memory to find out).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class NoAliases:
+    """A YAML loader that refuses aliases (`*name`): ten nested anchors of ten aliases each (a "billion
+    laughs") expand a 500-byte file into a tree of 10^10 nodes. No config needs them: write the values out."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(
+                f"{self.name}:{event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not read: "
+                f"write the values out"
+            )
+        return super().compose_node(parent, index)
+
+
+class SafeLoaderWithoutAliases(NoAliases, yaml.SafeLoader):
+    """yaml.safe_load's types, without aliases: for a config.yaml this project wrote (a run folder's)."""
+
+
+def safe_load_config(text: str, name: str) -> Any:
+    """yaml.safe_load for a config written by this project, refusing aliases (ConfigError naming `name`)."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: {len(text):,} characters is not a config (the limit is {MAX_CONFIG_BYTES:,})")
+    loader = SafeLoaderWithoutAliases(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+class ConfigLoader(NoAliases, yaml.SafeLoader):
+    """yaml.safe_load without aliases (NoAliases), except that an unquoted value keeps its text (PlainText),
+    and a key given twice in one mapping is an error: PyYAML keeps the last one silently, so a second
+    `train:` section would drop every key of the first."""
 
     # Every unquoted scalar resolves to PlainText, instead of YAML 1.1's booleans, octal and base-60 numbers.
     yaml_implicit_resolvers = {None: [(PLAIN_TAG, re.compile(r".*", re.DOTALL))]}
@@ -139,8 +173,14 @@ def resolve_config_path(name: str) -> Path:
 
 
 def read_config_file(path: Path) -> dict:
-    """A config file's sections, refusing repeated keys; errors name the file (and line)."""
+    """A config file's sections, refusing repeated keys and aliases; errors name the file (and line)."""
     try:
+        size = path.stat().st_size
+        if path.is_file() and size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: {size:,} bytes is not a config (the limit is {MAX_CONFIG_BYTES:,}); give the YAML "
+                f"file of the run's settings"
+            )
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error}); re-save it as UTF-8") from None

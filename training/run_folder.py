@@ -24,12 +24,15 @@ import yaml
 
 from training.checkpoint import is_training_checkpoint, load_checkpoint
 from training.config import Config, ConfigError, config_changes, to_dict
+from training.config_yaml import safe_load_config
 from utils.atomic_write import make_folder, remove_empty_folders, remove_leftovers, write_text_atomically
+from utils.run_files import LinkInRunFolder, open_no_follow, refuse_links
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what SummaryWriter writes into tensorboard/
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -123,6 +126,7 @@ def check_run_folder(config: Config) -> None:
     resume = config.train.resume
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"train.out_dir={out_dir} is a file; give a folder (it is created if missing)")
+    refuse_links_in(out_dir)
     if config.train.overwrite or not holds_a_run(out_dir):
         return
     if resume == "none":
@@ -132,7 +136,7 @@ def check_run_folder(config: Config) -> None:
         )
     saved = out_dir / "config.yaml"
     try:
-        previous = yaml.safe_load(saved.read_text(encoding="utf-8")) if saved.is_file() else None
+        previous = safe_load_config(saved.read_text(encoding="utf-8"), str(saved)) if saved.is_file() else None
     except (yaml.YAMLError, UnicodeDecodeError):
         previous = None
     if not isinstance(previous, dict):
@@ -169,20 +173,68 @@ def prepare_run_folder(out_dir: str | Path) -> None:
 
 def write_config(out_dir: str | Path, config: Config) -> None:
     """The run's config.yaml, replaced atomically: a crash never leaves half of it."""
-    write_text_atomically(Path(out_dir) / "config.yaml", yaml.safe_dump(to_dict(config), sort_keys=False))
+    write_text_atomically(
+        Path(out_dir) / "config.yaml", yaml.dump(to_dict(config), Dumper=DumperWithoutAliases, sort_keys=False)
+    )
 
 
-def clear_run_folder(out_dir: str | Path) -> None:
-    """Delete what an earlier run wrote (train.overwrite=true): its checkpoints, config and log only."""
+class DumperWithoutAliases(yaml.SafeDumper):
+    """yaml.safe_dump, writing a value used twice out twice: the config.yaml is read back without aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def run_folder_files(out_dir: str | Path) -> list[Path]:
+    """Every name in `out_dir` a run of this project writes, opens or deletes (whether there or not)."""
     folder = Path(out_dir)
+    board = folder / "tensorboard"
+    events = sorted(board.glob(TENSORBOARD_EVENTS)) if board.is_dir() and not board.is_symlink() else []
+    numbered = [path for _, path in numbered_checkpoints(folder)]
+    return [*(folder / name for name in (*RUN_FILES, LOCK_FILE)), *numbered, *events]
+
+
+def refuse_links_in(out_dir: str | Path) -> None:
+    """Refuse a run folder where a file the run writes is a symbolic link: it would be followed (appended to,
+    locked and truncated) or replaced. Reads names only: every rank calls it at start-up, alike."""
+    if Path(out_dir).is_dir():
+        try:
+            refuse_links(run_folder_files(out_dir))
+        except LinkInRunFolder as error:
+            raise ConfigError(str(error)) from None
+
+
+def clear_run_folder(out_dir: str | Path, say: Callable[[str], None] = print) -> list[Path]:
+    """Delete what an earlier run wrote (train.overwrite=true): its checkpoints, config.yaml, metrics.jsonl
+    and TensorBoard event files, never a file of another name (a user's notes, another tool's logs in
+    tensorboard/), which is kept and named through `say`. Returns what was kept."""
+    folder = Path(out_dir)
+    refuse_links_in(folder)
     for _, path in numbered_checkpoints(folder):
         path.unlink()
     for name in RUN_FILES:
         path = folder / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        if name == "tensorboard":
+            if path.is_dir():
+                for events in path.glob(TENSORBOARD_EVENTS):
+                    if events.is_file():
+                        events.unlink()
+                if not any(path.iterdir()):
+                    path.rmdir()
+        elif path.is_file():
+            path.unlink()
+    ours = {folder / name for name in (*RUN_FILES, LOCK_FILE)}
+    kept = sorted(
+        [path for path in folder.iterdir() if path not in ours]
+        + ([path for path in (folder / "tensorboard").iterdir()] if (folder / "tensorboard").is_dir() else [])
+    )
+    if kept:
+        say(
+            f"train.overwrite=true: deleted the earlier run's checkpoints, config.yaml, metrics.jsonl and "
+            f"TensorBoard events in {folder}; kept what this project did not write: "
+            + ", ".join(str(path.relative_to(folder)) for path in kept)
+        )
+    return kept
 
 
 @dataclass(kw_only=True)
@@ -202,7 +254,10 @@ def lock_run_folder(out_dir: str | Path) -> tuple[RunFolderLock, list[Path]]:
     created = make_folder(out_dir)
     path = Path(out_dir) / LOCK_FILE
     while True:
-        lock = path.open("a+", encoding="utf-8")
+        try:
+            lock = open_no_follow(path, "a+")
+        except LinkInRunFolder as error:  # made after check_run_folder looked: refused on every rank alike
+            raise ConfigError(str(error)) from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

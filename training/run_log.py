@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from utils.atomic_write import write_text_atomically
 from utils.jsonl import read_jsonl
+from utils.run_files import open_no_follow
 
 
 class RunLog:
@@ -43,7 +44,7 @@ class RunLog:
     def metrics(self, record: dict[str, Any]) -> None:
         """One line of metrics.jsonl; its numbers also as TensorBoard scalars (`train/...`, `val/SET/...`)."""
         if self.metrics_path is not None:
-            with self.metrics_path.open("a", encoding="utf-8") as file:
+            with open_no_follow(self.metrics_path, "a") as file:  # never through a link: once per log line
                 file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
         if self.board is not None:
             prefix = f"val/{Path(record['val']).name}" if "val" in record else "train"

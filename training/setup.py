@@ -288,7 +288,7 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: Che
         return
     out_dir = Path(config.train.out_dir)  # made by holding_run_folder's lock
     if config.train.overwrite:
-        clear_run_folder(out_dir)
+        clear_run_folder(out_dir, log.info)
     write_config(out_dir, config)
     resumed_step = resume_from[1]["step"] if resume_from else 0
     log.drop_records_after(resumed_step)

@@ -3,11 +3,14 @@
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE (and LOCAL_WORLD_SIZE); without them this is a single
 process and no process group is created. Outside torchrun those variables are refused (a stale
 WORLD_SIZE left in a shell would make a plain `python train.py` wait for peers that never come), and
-the rendezvous at start-up is bounded: it ends with one line naming what it waited for.
+the rendezvous at start-up is bounded: it ends with one line naming what it waited for. So are the
+collectives after it: a rank that stops answering (SIGSTOPped, stuck on a network file system) ends the
+others' wait after COLLECTIVE_TIMEOUT (was torch's 30 minutes, silently), with a line naming the rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -18,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.constants import default_pg_timeout
 
 from utils.host_memory import keep_freed_memory
 
@@ -48,6 +50,13 @@ LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
 # How long a process waits at start-up for the others. torchrun starts every worker of every node at
 # once, after its own rendezvous of the nodes; this covers the imports and config reading between.
 JOIN_TIMEOUT = timedelta(minutes=5)
+# How long a collective waits for the other processes. Longer than anything one rank does while the others
+# wait (rank 0 writing a checkpoint, the slowest shard of a validation, a label index scanned at start-up);
+# a slower file system can raise it (minutes, a number) with this environment variable.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+COLLECTIVE_TIMEOUT_VARIABLE = "CRNN_COLLECTIVE_TIMEOUT_MINUTES"
+# The rendezvous store, kept to find out, after a collective timed out, which ranks are still there.
+_store: dist.Store | None = None
 
 
 def read_env() -> tuple[int, int, int, int]:
@@ -126,16 +135,20 @@ def setup_distributed(device_ids: list[int], threads: int = 0, join_timeout: tim
         keep_freed_memory()  # the tensors live in host memory: reuse it rather than fault it in every step
     cpu_group = None
     if world_size > 1:
+        global _store
+        timeout = collective_timeout()
         backend = process_group_backend(device, device_ids, local_world_size)
+        _store = join_store(rank, world_size, join_timeout, timeout)
         dist.init_process_group(
             backend=backend,
-            store=join_store(rank, world_size, join_timeout),
+            store=_store,
             rank=rank,
             world_size=world_size,
+            timeout=timeout,
             device_id=device if backend == "nccl" else None,
         )
         if backend != "gloo":
-            cpu_group = dist.new_group(backend="gloo")
+            cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, cpu_group=cpu_group)
 
 
@@ -149,7 +162,26 @@ def process_group_backend(device: torch.device, device_ids: list[int], local_wor
     return "gloo" if shares_a_gpu else "nccl"
 
 
-def join_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+def collective_timeout() -> timedelta:
+    """COLLECTIVE_TIMEOUT, or the minutes given in $CRNN_COLLECTIVE_TIMEOUT_MINUTES."""
+    text = os.environ.get(COLLECTIVE_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return COLLECTIVE_TIMEOUT
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = 0.0
+    if not 0 < minutes < 7 * 24 * 60:
+        raise ValueError(
+            f"environment variable {COLLECTIVE_TIMEOUT_VARIABLE}={text!r}: give the minutes a collective may "
+            f"wait for the other processes (a number above 0; unset: {COLLECTIVE_TIMEOUT.total_seconds() / 60:g})"
+        )
+    return timedelta(minutes=minutes)
+
+
+def join_store(
+    rank: int, world_size: int, timeout: timedelta, collective: timedelta = COLLECTIVE_TIMEOUT
+) -> dist.Store:
     """The rendezvous store, once every process of the run has checked in; at most `timeout` of waiting.
 
     torch's own rendezvous waits 30 minutes inside C++, where neither SIGTERM nor Ctrl-C is acted on.
@@ -177,7 +209,7 @@ def join_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
         # in the attempt that died ("Connection refused"). Prefixed keys give every attempt its own.
         store = dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     wait_for_every_process(store, world_size, deadline, timeout, f"{address}:{port}")
-    store.set_timeout(default_pg_timeout)  # from here on, torch's own timeout for its collectives
+    store.set_timeout(collective)  # from here on, the collectives' timeout
     return store
 
 
@@ -249,6 +281,55 @@ def loader_workers(cores: int, processes: int, device_type: str) -> int:
     return max(1, cores // processes - 1)
 
 
+@contextlib.contextmanager
+def answered(what: str) -> Any:
+    """A collective (`what`) whose timeout is one line naming the ranks that did not answer, not gloo's
+    `Timed out waiting 600000ms for recv operation to complete`. Free when nothing times out."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
+            raise
+        raise TimeoutError(not_answered(what)) from error
+
+
+def not_answered(what: str) -> str:
+    """Which ranks did not answer: each rank whose collective timed out checks in on the rendezvous
+    store and waits a little for the others to; those that never do are stopped or stuck."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    seconds = collective_timeout().total_seconds()
+    minutes = f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} s"
+    missing: list[int] | None = None
+    with contextlib.suppress(Exception):  # the store's host (rank 0, or torchrun's agent) may be the one stuck
+        assert _store is not None
+        _store.set_timeout(timedelta(seconds=10))
+        _store.set(f"timed-out/{rank}", what)
+        keys = [f"timed-out/{other}" for other in range(world_size)]
+        deadline = time.monotonic() + 10
+        while True:
+            absent = [other for other, key in enumerate(keys) if not _store.check([key])]
+            if not absent or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        missing = absent
+    if missing:
+        ranks = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+        who = f"{ranks} did not answer"
+    elif missing == []:
+        return (
+            f"rank {rank}, in {what}: every rank waited {minutes} in a collective, none answered by another: "
+            f"they are in different collectives (a rank took another branch, a bug); run with CRNN_TRACEBACK=1 "
+            f"to see where each one waits"
+        )
+    else:
+        who = "the rendezvous store (rank 0, or torchrun's agent) did not answer either, so another rank did not"
+    return (
+        f"rank {rank}, in {what}: {who} for {minutes}: a process stopped or stuck (on a network file "
+        f"system?), or its node is unreachable; check that rank's log and its file systems. If that rank was "
+        f"only slow, raise ${COLLECTIVE_TIMEOUT_VARIABLE} (now {minutes})"
+    )
+
+
 def cleanup_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -260,7 +341,8 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
         return tensor
     # NCCL reduces CUDA tensors only; gloo is given CPU tensors (also where processes share a GPU).
     on_wire = tensor.cuda() if dist.get_backend() == "nccl" else tensor.cpu()
-    dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
+    with answered("a sum over the processes"):
+        dist.all_reduce(on_wire, op=dist.ReduceOp.SUM)
     return on_wire.to(tensor.device)
 
 
@@ -269,7 +351,8 @@ def broadcast_object(value: Any, group: dist.ProcessGroup | None = None) -> Any:
     if not (dist.is_available() and dist.is_initialized()):
         return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0, group=group)
+    with answered("a broadcast from rank 0"):
+        dist.broadcast_object_list(holder, src=0, group=group)
     return holder[0]
 
 
@@ -278,7 +361,8 @@ def gather_objects(value: Any, group: dist.ProcessGroup | None = None) -> list[A
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(value, gathered, dst=0, group=group)
+    with answered("a gather to rank 0"):
+        dist.gather_object(value, gathered, dst=0, group=group)
     return gathered
 
 
@@ -290,10 +374,12 @@ def broadcast_buffers(module: nn.Module) -> None:
     slightly different model, and not the one rank 0 saves.
     """
     if dist.is_available() and dist.is_initialized():
-        for buffer in module.buffers():
-            dist.broadcast(buffer, src=0)
+        with answered("a broadcast of the model's buffers"):
+            for buffer in module.buffers():
+                dist.broadcast(buffer, src=0)
 
 
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        with answered("a barrier"):
+            dist.barrier()
