@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
+from data.lmdb_env import first_index, highest_index, lmdb_for_scan, read_num_samples
 from data.lmdb_keys import image_key
 
 # The file names of data.image_formats.READ_FORMATS: a folder's files of another format are not read.
@@ -43,8 +43,8 @@ def encoded_images(sources: list[str], limit: int) -> list[tuple[str, bytes]]:
     images: list[tuple[str, bytes]] = []
     for source in sources:
         if (Path(source) / "data.mdb").is_file():
-            env = open_lmdb(source)
-            with env.begin() as txn:
+            # This process's environment where it has one: py-lmdb refuses to open a file twice in a process.
+            with lmdb_for_scan(source) as env, env.begin() as txn:
                 read_num_samples(txn, source)  # a header that is not a count is named, as training names it
                 # The keys decide which samples exist, as in training (data/label_index.py).
                 for index in range(first_index(txn), highest_index(txn) + 1):
@@ -52,8 +52,7 @@ def encoded_images(sources: list[str], limit: int) -> list[tuple[str, bytes]]:
                         break
                     image_bytes = txn.get(image_key(index))
                     if image_bytes is not None:
-                        images.append((f"{source}#{index}", image_bytes))
-            env.close()
+                        images.append((f"{source}#{index}", bytes(image_bytes)))
         else:
             images += [(path, Path(path).read_bytes()) for path in image_paths([source])[: limit - len(images)]]
     return images[:limit]

@@ -106,6 +106,17 @@ def test_static_int8_calibrates_the_convolutions_and_a_refusal_names_the_dynamic
     assert [path.name for path in out.parent.iterdir()] == ["crnn.onnx"]
 
 
+def test_calibration_images_come_from_an_lmdb_this_process_already_reads(synth):
+    """An LMDB the process holds open (a loader's shared environment) is read through it: py-lmdb refuses a
+    second opening of the file in one process ("already open"), which failed int8 calibration in the suite."""
+    from data.lmdb_env import shared_lmdb
+
+    shared_lmdb(synth / "train")
+    images = encoded_images([str(synth / "train")], 5)
+    assert [name for name, _ in images] == [f"{synth / 'train'}#{index}" for index in range(1, 6)]
+    assert all(image.startswith(b"\xff\xd8") for _, image in images)  # the generator's JPEGs
+
+
 @pytest.mark.slow  # exports with torch.export
 def test_calibration_images_that_cannot_be_decoded_stop_int8_before_anything_is_written(float_onnx, tmp_path):
     out, codec, preprocessing = float_onnx
