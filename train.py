@@ -25,7 +25,7 @@ from evaluation.evaluate import decode_samples, evaluate
 from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
 from models.losses import ctc_losses
-from training.checkpoint import save_checkpoint
+from training.checkpoint import check_savable, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, load_config, validate
 from training.run import Run
 from training.run_folder import check_run_folder, checkpoint_path, point_last_at, prepare_run_folder, prune_checkpoints
@@ -288,6 +288,7 @@ def save_training_checkpoint(run: Run) -> Path:
     """Everything an exact resume needs (a collective: every rank adds its RNG state and log sums)."""
     checkpoint = run.state_dict()
     path = checkpoint_path(run.config.train.out_dir, run.state.step)
+    check_savable(checkpoint, path)  # on every rank (the weights are the same): all stop, none waits for rank 0
     if run.env.is_main:
         save_checkpoint(path, checkpoint)
         point_last_at(path)

@@ -28,7 +28,7 @@ def load_alphabet(spec: str) -> str:
     form CTCCodec.normalize gives labels: `é` typed as `e` + U+0301 on a line of its own is one character.
     """
     path = Path(os.path.expanduser(spec) if spec.startswith("~/") else spec)
-    if not (FILE_NAME.fullmatch(spec) or path.is_file()):
+    if not (FILE_NAME.fullmatch(spec) or path.exists()):  # a folder is a file name gone wrong, not characters
         alphabet = composed(spec)
         check_alphabet(alphabet, source="data.alphabet")
         return alphabet

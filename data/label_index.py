@@ -11,7 +11,6 @@ lock), and an entry is found only by the LMDB's fingerprint, so a changed datase
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import hashlib
 import json
@@ -32,6 +31,7 @@ from data.lmdb_env import first_index, highest_index, lmdb_for_scan, read_num_sa
 from data.lmdb_keys import image_key, read_label
 from utils.atomic_write import write_atomically, write_text_atomically
 from utils.cache_home import cache_home
+from utils.checks import mistyped_word
 
 DROP_REASONS = ("missing label", "missing image", "empty label", "characters outside the alphabet", "too long for CTC")
 # Part of every cache key: bump it when the scan's rules or the entry's layout change.
@@ -204,10 +204,10 @@ def index_cache_dir(setting: str) -> Path | None:
         return cache_home() / "lmdb-index"
     folder = Path(setting).expanduser()
     # A word mistyped (`of`, `Auto`) would otherwise be a new folder of that name in the working directory.
-    close = difflib.get_close_matches(setting.lower(), INDEX_CACHE_WORDS, n=1)
-    if close and "/" not in setting and not folder.exists():
+    meant = mistyped_word(setting, INDEX_CACHE_WORDS)
+    if meant:
         raise ValueError(
-            f"index cache {setting!r}: unknown setting (did you mean {close[0]!r}?); data.index_cache and "
+            f"index cache {setting!r}: unknown setting (did you mean {meant!r}?); data.index_cache and "
             f"--index-cache take {', '.join(INDEX_CACHE_WORDS)} or a folder (./{setting} for a new folder of that name)"
         )
     return folder

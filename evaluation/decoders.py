@@ -32,6 +32,7 @@ from torch import Tensor
 from data.codec import CTCCodec, Reading, ctc_min_frames
 
 DECODERS = ("greedy", "beam", "lexicon")
+BEAM_SIZE = 10  # --decoder beam's beam when --beam-size is not given
 
 
 def add_decoder_options(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +40,7 @@ def add_decoder_options(parser: argparse.ArgumentParser) -> None:
     (build_decoder checks their values)."""
     parser.add_argument("--decoder", default="greedy", choices=DECODERS, help="CTC decoding (default greedy)")
     parser.add_argument("--lexicon", type=Path, metavar="FILE", help="--decoder lexicon's words, one per line")
-    parser.add_argument("--beam-size", type=int, default=10, metavar="N", help="--decoder beam's beam (default 10)")
+    parser.add_argument("--beam-size", type=int, metavar="N", help=f"--decoder beam's beam (default {BEAM_SIZE})")
 
 
 Decoder = Callable[[Tensor], list[Reading]]  # [B, T, C] logits -> one reading per image
@@ -56,17 +57,23 @@ def optional_module(name: str, decoder: str) -> ModuleType:
 
 
 def build_decoder(
-    name: str, codec: CTCCodec, lexicon: Path | None = None, beam_size: int = 10, max_distance: int = 3
+    name: str, codec: CTCCodec, lexicon: Path | None = None, beam_size: int | None = None, max_distance: int = 3
 ) -> Decoder:
-    """The decoder called `name`; `lexicon` (one word per line) is what `lexicon` reads from."""
+    """The decoder called `name`; `lexicon` (one word per line) is what `lexicon` reads from. An option
+    given to a decoder that does not use it is refused: it would do nothing, and say nothing."""
     if name not in DECODERS:
         raise ValueError(f"--decoder {name}: choose one of {', '.join(DECODERS)}")
     if (name == "lexicon") != (lexicon is not None):
         raise ValueError("--lexicon FILE goes with --decoder lexicon, and --decoder lexicon needs --lexicon FILE")
+    if beam_size is not None and name != "beam":
+        raise ValueError(
+            f"--beam-size {beam_size} is for --decoder beam; --decoder {name} has no beam: add"
+            f" --decoder beam or leave out --beam-size"
+        )
     if name == "greedy":
         return codec.decode
     if name == "beam":
-        return BeamDecoder(codec, beam_size)
+        return BeamDecoder(codec, BEAM_SIZE if beam_size is None else beam_size)
     return LexiconDecoder(codec, read_lexicon(lexicon, codec), max_distance)
 
 
@@ -96,6 +103,8 @@ def read_lexicon(path: Path, codec: CTCCodec) -> list[str]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise FileNotFoundError(f"--lexicon {path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"--lexicon {path} is a folder; give a file of words, one per line") from None
     except UnicodeDecodeError:
         raise ValueError(f"--lexicon {path}: not UTF-8 text; give one word per line") from None
     words = list(dict.fromkeys(line.strip() for line in lines if line.strip()))

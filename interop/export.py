@@ -8,8 +8,11 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import sys
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -62,14 +65,16 @@ def narrowest_width(model: nn.Module, preprocessing: Preprocessing) -> int:
 
 def export(
     model: nn.Module, example: Tensor, export_format: str, out: Path, extra: dict[str, str], min_width: int
-) -> None:
-    """Write `model` to `out` as `export_format`, traced on `example` [B, C, H, W] with B and W left free."""
+) -> list[str]:
+    """Write `model` to `out` as `export_format`, traced on `example` [B, C, H, W] with B and W left free.
+    Returns the warnings PyTorch gave meanwhile, each once (pytorch_warnings)."""
     # torch.export keeps nn.LSTM as one aten.lstm op (ONNX: an LSTM node), but works out its output
     # shape by unrolling it over the example's frames, which would freeze T at 26. torch's while_loop
     # version of that shape rule keeps T symbolic: private, but what torch.onnx itself turns on for
     # dynamic shapes. torch.onnx does so only while capturing, not while it decomposes the program
     # again (there T froze in a Reshape; pytorch/pytorch#193192), so it is held across both steps here.
-    with register_lstm_while_loop_decomposition():
+    with register_lstm_while_loop_decomposition(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # counted here, shown once each below, not once per traced graph
         program = torch.export.export(
             model, (example,), dynamic_shapes=({0: Dim("batch"), 3: Dim("width", min=min_width)},)
         )
@@ -81,6 +86,14 @@ def export(
     # Serialized in memory, then written whole: torch.export.save's own writer turns a failed write (a
     # full disk) into "unexpected pos 64 vs 0", without a file name, and aborts the interpreter at exit.
     write_bytes_atomically(out, serialized.getvalue())
+    return pytorch_warnings(caught)
+
+
+def pytorch_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """One line per distinct warning, with how often it came: torch.export and torch.onnx repeat theirs for
+    every graph they trace (20 of one FutureWarning for the CRNN), which buried the export's result."""
+    counts = Counter(f"{item.category.__name__}: {str(item.message).splitlines()[0].strip()}" for item in caught)
+    return [f"{text[:160]}{'...' if len(text) > 160 else ''} (x{count})" for text, count in counts.items()]
 
 
 def export_onnx(program: ExportedProgram, out: io.BytesIO, extra: dict[str, str]) -> None:
@@ -119,19 +132,27 @@ def onnx_runner(path: Path) -> Runner | None:
 
 
 def pt2_runner(path: Path) -> Runner:
-    return torch.export.load(path).module()
+    # torch.export.load logs a warning for each size symbol that the loaded graph does not use ("Symbol u0
+    # did not appear"): the check below is what says whether the program reads as the model does.
+    serde_log = logging.getLogger("torch._export.serde.serialize")
+    level = serde_log.level
+    serde_log.setLevel(logging.ERROR)
+    try:
+        return torch.export.load(path).module()
+    finally:
+        serde_log.setLevel(level)
 
 
 def export_and_load(
     model: nn.Module, codec: CTCCodec, config: Config, preprocessing: Preprocessing, export_format: str, out: Path
-) -> tuple[Runner | None, int]:
+) -> tuple[Runner | None, int, list[str]]:
     """Export `model` to `out` as onnx or pt2; return the written file loaded for running (None: onnxruntime
-    is not installed) and the narrowest width it reads."""
+    is not installed), the narrowest width it reads and PyTorch's warnings meanwhile."""
     # Batch 2: torch.export would specialise a batch axis traced at size 1.
     example = torch.zeros(2, *build_transform(config, preprocessing).output_shape)
     min_width = narrowest_width(model, preprocessing)
-    export(model, example, export_format, out, metadata(codec, preprocessing), min_width)
-    return (onnx_runner(out) if export_format == "onnx" else pt2_runner(out)), min_width
+    caught = export(model, example, export_format, out, metadata(codec, preprocessing), min_width)
+    return (onnx_runner(out) if export_format == "onnx" else pt2_runner(out)), min_width, caught
 
 
 def rendered_images(alphabet: str, count: int) -> list[tuple[str, bytes, str]]:
@@ -250,12 +271,14 @@ def export_and_check(
     `origin`) at `tolerance` (compare). Each line of the report goes to `report` as it comes; False when the
     check failed. True also when onnxruntime is missing and the ONNX file could not be run."""
     start = time.perf_counter()
-    exported, min_width = export_and_load(model, codec, config, preprocessing, export_format, out)
+    exported, min_width, caught = export_and_load(model, codec, config, preprocessing, export_format, out)
     report(
         f"exported {export_format} to {out} ({out.stat().st_size / 1e6:.1f} MB) in"
         f" {time.perf_counter() - start:.1f} s: images [batch, {preprocessing.channels}, {preprocessing.height},"
         f" width] -> logits [batch, frames, {codec.num_classes}]"
     )
+    for line in caught:
+        report(f"PyTorch warned while exporting: {line}")
     if exported is None:
         report(
             f"onnxruntime is not installed: {out} was not run, and not compared with PyTorch"

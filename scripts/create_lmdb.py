@@ -207,10 +207,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.gt.is_dir():
+        sys.exit(f"error: --gt {args.gt} is a folder; give the ground-truth file (one `path<TAB>label` a line)")
     if not args.gt.is_file():
-        sys.exit(f"error: --gt {args.gt} does not exist or is not a file")
+        sys.exit(f"error: --gt {args.gt} does not exist")
+    if args.images.exists() and not args.images.is_dir():
+        sys.exit(f"error: --images {args.images} is a file; give the folder the --gt paths are relative to")
     if not args.images.is_dir():
-        sys.exit(f"error: --images {args.images} does not exist or is not a folder")
+        sys.exit(f"error: --images {args.images} does not exist")
     if args.out.exists() and not args.overwrite:
         sys.exit(f"error: --out {args.out} already exists; remove it or pass --overwrite to replace it")
     alphabet = None

@@ -49,7 +49,7 @@ from training.checkpoint import check_checkpoint_path, load_model
 from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
-from utils.atomic_write import write_bytes_atomically, write_text_atomically
+from utils.atomic_write import check_writable, write_bytes_atomically, write_text_atomically
 from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
 from utils.precision import PRECISIONS
 
@@ -83,6 +83,7 @@ MODE_HELP = {
     "ignore_case_symbols": "case-insensitive alphanumeric, the benchmark protocol for 36-class models"
     " (symbols the alphabet holds are compared too)",
 }
+ERRORS_COUNT, READINGS_COUNT = 32, 12  # the pictures' sizes when --errors-count, --readings-count are not given
 COVERAGES = (0.5, 0.8, 0.95)  # the most confident shares of the readings whose accuracy is printed
 
 
@@ -134,7 +135,7 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", type=Path, metavar="PATH.tsv", help="write every prediction to this TSV file")
     parser.add_argument("--errors", type=Path, metavar="PATH.png", help="draw the most confident misreads here")
     parser.add_argument(
-        "--errors-count", type=positive_int, default=32, metavar="N", help="misreads in the --errors grid (default 32)"
+        "--errors-count", type=positive_int, metavar="N", help=f"misreads in the --errors grid (default {ERRORS_COUNT})"
     )
     parser.add_argument(
         "--readings", type=Path, metavar="PATH.png", help="draw each set's first images and what the model read"
@@ -142,9 +143,8 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--readings-count",
         type=positive_int,
-        default=12,
         metavar="N",
-        help="images of each set in --readings (default 12)",
+        help=f"images of each set in --readings (default {READINGS_COUNT})",
     )
     parser.add_argument(
         "--unknown-characters",
@@ -183,9 +183,16 @@ def check_args(args: argparse.Namespace) -> None:
         if real.count(os.path.realpath(root)) > 1:
             raise ValueError(f"LMDB {root} is listed twice")
     check_outputs(args)
-    for option, path in (("--errors", args.errors), ("--readings", args.readings)):
+    pictures = (("--errors", args.errors, args.errors_count), ("--readings", args.readings, args.readings_count))
+    for option, path, count in pictures:
         if path is not None and path.suffix.lower() != ".png":
             raise ValueError(f"{option} {path}: the grid is written as a PNG image; give a path ending in .png")
+        if path is None and count is not None:  # it would draw nothing, and say nothing
+            raise ValueError(
+                f"{option}-count {count} sizes the {option} picture; add {option} PATH.png or leave it out"
+            )
+    args.errors_count = args.errors_count or ERRORS_COUNT
+    args.readings_count = args.readings_count or READINGS_COUNT
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -208,6 +215,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         if real in written:
             raise ValueError(f"{option} and {written[real]} both name {path}; give each its own file")
         written[real] = option
+        check_writable(path, f"{option} {path}")
 
 
 def set_names(roots: list[str]) -> list[str]:

@@ -66,6 +66,7 @@ from interop.int8 import CALIBRATION_IMAGES, INT8_MODES, export_int8, int8_path,
 from training.checkpoint import load_model
 from training.config import ConfigFileOption, load_config
 from utils import cli
+from utils.atomic_write import check_writable
 
 SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "easyocr": "_easyocr"}
 
@@ -227,11 +228,13 @@ def check_out_suffix(export_format: str, out: Path | None) -> None:
 
 
 def output_path(checkpoint: Path, export_format: str, out: Path | None) -> Path:
-    """`out`, or the checkpoint's name with the format's suffix, with its folder made."""
+    """`out`, or the checkpoint's name with the format's suffix, with its folder made and found writable
+    (now, not after the export)."""
     out = out or checkpoint.with_name(checkpoint.stem + SUFFIXES[export_format])
     if out.resolve() == checkpoint.resolve():
         raise ValueError(f"--out {out} is the checkpoint itself")
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(out / "model" if export_format == "easyocr" else out, f"--out {out}")  # easyocr: a folder
     return out
 
 

@@ -94,7 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--words",
         type=Path,
-        default=WORDS_FILE,
         help="UTF-8 word list, one per line (default: the shipped English list); words the alphabet"
         " cannot spell are skipped",
     )
@@ -255,7 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     # Checked before rendering anything, so an existing val does not fail the run after train is done.
     for split in counts:
         check_replaceable(args.out / split, args.overwrite)
-    words_file = None if args.no_words else args.words
+    if args.no_words and args.words:
+        sys.exit(f"error: --words {args.words} and --no-words contradict each other; keep one")
+    words_file = None if args.no_words else args.words or WORDS_FILE
+    if words_file is not None and words_file.is_dir():
+        sys.exit(f"error: --words: {words_file} is a folder; give a word list file, one word per line")
     if words_file is not None and not words_file.is_file():
         sys.exit(f"error: --words: {words_file} does not exist")
     if not args.system_fonts and args.fonts is None:

@@ -151,7 +151,7 @@ def predict(
     config: Config | None = None,
     decoder: str = "greedy",
     lexicon: Path | None = None,
-    beam_size: int = 10,
+    beam_size: int | None = None,
     precision: str = "auto",
     split: bool = True,
 ) -> int:

@@ -61,8 +61,23 @@ def strip_wrapper_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def save_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> None:
     """Write atomically (utils.atomic_write): `path` always holds either the previous complete checkpoint
-    or the new one, whatever happens during the write."""
+    or the new one, whatever happens during the write. Weights that are not numbers are not written:
+    load_checkpoint would refuse them, and best.pt or last.pt would no longer be a model."""
+    check_savable(checkpoint, path)
     write_atomically(path, lambda file: torch.save(checkpoint, file))
+
+
+def check_savable(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """The checkpoint's weights and optimizer state are numbers; else a CheckpointError naming the tensor."""
+    parts = {"weight": checkpoint.get("model", {}), "raw_model weight": checkpoint.get("raw_model", {})}
+    parts["optimizer state"] = optimizer_moments(checkpoint.get("optimizer", {}))
+    for what, tensors in parts.items():
+        problem = nonfinite_problem(tensors)
+        if problem:
+            raise CheckpointError(
+                f"not saving {path}: {what} {problem}: the run diverged; the checkpoints already in its folder are"
+                f" kept (resume from the last good one at a lower optim.lr, or start again)"
+            )
 
 
 def weights_checkpoint(
@@ -204,7 +219,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in ("model", "raw_model"):
         if key in checkpoint:
             checkpoint[key] = strip_wrapper_prefixes(checkpoint[key])
-            check_finite(checkpoint[key], key, path)
+            check_finite(checkpoint[key], "weight" if key == "model" else f"{key} weight", path)
+    if "optimizer" in checkpoint:
+        check_finite(optimizer_moments(checkpoint["optimizer"]), "optimizer state", path)
     return checkpoint
 
 
@@ -283,17 +300,25 @@ def describe_value(value: Any) -> str:
     return f"{shown if len(shown) <= 40 else shown[:37] + '...'} ({type(value).__name__})"
 
 
-def check_finite(weights: dict[str, torch.Tensor], name: str, path: Path) -> None:
-    """Every floating-point tensor of `weights` holds numbers: one NaN or infinity would make every output
-    NaN, which eval and predict would otherwise score as 0 % or read as empty text at confidence 0. Once,
-    at load: one reduction per tensor and a single transfer of the answers."""
-    floating = [(key, tensor) for key, tensor in weights.items() if tensor.is_floating_point() or tensor.is_complex()]
+def check_finite(tensors: dict[str, torch.Tensor], what: str, path: Path) -> None:
+    """Every floating-point tensor of `tensors` holds numbers: one NaN or infinity in a weight would make every
+    output NaN, which eval and predict would otherwise score as 0 % or read as empty text at confidence 0; in
+    Adam's moments, every weight after the first step of a resume. Once, at load."""
+    problem = nonfinite_problem(tensors)
+    if problem:
+        raise CheckpointError(f"{path}: {what} {problem}: the run that wrote it diverged; pick an earlier checkpoint")
+
+
+def nonfinite_problem(tensors: dict[str, torch.Tensor]) -> str | None:
+    """Which tensor holds NaN or infinity, and how many values (None: all are numbers): one reduction per
+    tensor and a single transfer of the answers."""
+    floating = [(key, tensor) for key, tensor in tensors.items() if tensor.is_floating_point() or tensor.is_complex()]
     if not floating:
-        return
+        return None
     finite = torch.stack([torch.isfinite(tensor).all() for _, tensor in floating]).tolist()
     bad = [(key, tensor) for (key, tensor), ok in zip(floating, finite) if not ok]
     if not bad:
-        return
+        return None
     key, tensor = bad[0]
     nan, infinite = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
     held = " and ".join(
@@ -301,10 +326,21 @@ def check_finite(weights: dict[str, torch.Tensor], name: str, path: Path) -> Non
         + [f"infinity ({infinite} value{'s' * (infinite != 1)})"] * bool(infinite)
     )
     others = f", as do {len(bad) - 1} other tensor(s)" if len(bad) > 1 else ""
-    where = "weight" if name == "model" else f"{name} weight"
-    raise CheckpointError(
-        f"{path}: {where} '{key}' holds {held}{others}: the run that wrote it diverged; pick an earlier checkpoint"
-    )
+    return f"'{key}' holds {held}{others}"
+
+
+def optimizer_moments(optimizer: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """An optimizer state dict's per-parameter tensors (Adam's moments, SGD's momentum), named `index.name`."""
+    state = optimizer.get("state", {})
+    if not isinstance(state, dict):
+        return {}
+    return {
+        f"{index}.{name}": value
+        for index, values in state.items()
+        if isinstance(values, dict)
+        for name, value in values.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 def load_model(

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
+from utils.checks import mistyped_word
+
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 OTHER_KEYS = "takes_the_section's_other_keys"
 
@@ -165,11 +167,23 @@ def parse_yaml(text: str, name: str) -> Any:
 
 
 def resolve_config_path(name: str) -> Path:
-    """A path as given, or a bare name (`crnn.yaml`, `crnn`) looked up in configs/."""
-    for candidate in (Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"config file {name!r} not found (looked in the current folder and in {CONFIG_DIR})")
+    """A path as given, or a bare name (`crnn.yaml`, `crnn`) looked up in configs/. A bare name that is a
+    file here and a different file in configs/ is refused: which one a run read would depend on the folder
+    it was started from, and the log would show only the values."""
+    if Path(name).is_dir():
+        raise ConfigError(f"--config {name} is a folder; give a YAML file (or a name in {CONFIG_DIR})")
+    found = [path for path in (Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml") if path.is_file()]
+    if not found:
+        raise ConfigError(f"config file {name!r} not found (looked in the current folder and in {CONFIG_DIR})")
+    here, *shipped = found
+    bare = Path(name).name == name
+    if bare and shipped and here == Path(name) and not here.samefile(shipped[0]):
+        if here.read_bytes() != shipped[0].read_bytes():
+            raise ConfigError(
+                f"--config {name} names both ./{name} and {shipped[0]}, which differ; say which: "
+                f"--config ./{name} or --config {shipped[0]}"
+            )
+    return here
 
 
 def read_config_file(path: Path) -> dict:
@@ -235,6 +249,9 @@ def expand_paths(config: Any, path_keys: dict[str, tuple[str, ...]]) -> None:
             if not item.strip() and item not in words:
                 settings = f", or {' or '.join(repr(word) for word in words)}" if words else ""
                 raise ConfigError(f"{where} is empty: give a path{settings}")
+            meant = mistyped_word(item, words)
+            if meant:  # `train.resume=auot` would otherwise be "checkpoint auot does not exist"
+                raise ConfigError(f"{where}={item}: no such file or folder, nor a setting; did you mean {meant}?")
         expanded = [item if item in words else os.path.expanduser(item) for item in paths]
         setattr(node, name, expanded if isinstance(value, list) else expanded[0])
 

@@ -5,6 +5,7 @@ process are handled in one place."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -40,7 +41,10 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> Non
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:  # named by `path`, not by the temporary name it could not create
+        raise OSError(error.errno, error.strerror, str(path)) from error
     try:
         with os.fdopen(handle, "wb") as file:
             os.fchmod(file.fileno(), 0o666 & ~current_umask())
@@ -55,6 +59,24 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], None]) -> Non
         raise
 
 
+def check_writable(path: str | Path, name: str | None = None) -> None:
+    """Raise now the OSError that writing `path` later would raise, naming `name` (default `path`, e.g. the
+    option too: `--json out.json`): a command finds an output it cannot write before its work, not after.
+    Probes the nearest folder that exists (the writer creates the missing ones) with a temporary file, and
+    leaves nothing behind."""
+    path = Path(path)
+    name = name or str(path)
+    folder = next(parent for parent in path.absolute().parents if parent.exists())
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), name)
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, name) from error
+    os.close(handle)
+    os.unlink(probe)
+
+
 def write_bytes_atomically(path: str | Path, data: bytes) -> None:
     write_atomically(path, lambda file: file.write(data))
 
@@ -67,7 +89,11 @@ def remove_leftovers(folder: str | Path) -> list[Path]:
     """Delete the temporary files a killed writer left in `folder`; the caller must know that no live
     process writes there (train.py holds the run folder's lock). Returns what was deleted."""
     folder = Path(folder)
-    leftovers = [path for path in folder.glob(".*.tmp") if TEMPORARY_NAME.fullmatch(path.name) and path.is_file()]
+    leftovers = [
+        path
+        for path in folder.glob(".*.tmp")  # a link is nobody's leftover: write_atomically never makes one
+        if TEMPORARY_NAME.fullmatch(path.name) and path.is_file() and not path.is_symlink()
+    ]
     for path in leftovers:
         path.unlink(missing_ok=True)
     return leftovers
