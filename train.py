@@ -34,7 +34,14 @@ from training.setup import holding_run_folder, start_run
 from training.time_limit import TimeLimit
 from training.weight_average import WeightAverage
 from utils import cli
-from utils.distributed import DistEnv, broadcast_buffers, cleanup_distributed, read_env, setup_distributed
+from utils.distributed import (
+    DistEnv,
+    answered,
+    broadcast_buffers,
+    cleanup_distributed,
+    read_env,
+    setup_distributed,
+)
 from utils.precision import autocast
 from utils.preemption import StopRequested, StopSignal
 
@@ -120,25 +127,26 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
     model.train()
     log.start_progress(total=state.end, initial=state.step)
     setup.sampler.set_steps(state.step, state.end)  # the batches depend on the step alone
-    for batch in state.window.timed(setup.loader):
-        train_on(batch, run, model, log)
-        time_limit.after_step()  # may move state.end
-        last = state.step == state.end
-        if state.step % train.log_every == 0 or last:
-            log_training(run, log)
-        else:
-            log.advance()
-        if state.step % train.eval_every == 0 or last:
-            validate(run, val_loaders, log)
-            state.window.restart_clock()
-        signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
-        if signum or state.step % train.save_every == 0 or last:
-            saved = save_training_checkpoint(run)
-            state.window.restart_clock()
-            if signum:
-                raise StopRequested(signum, state.step, str(saved))
-        if last:  # the sampler may hold more batches: train.max_minutes planned fewer steps
-            break
+    with answered("a training step's gradient all-reduce"):  # the loop's own collectives name themselves
+        for batch in state.window.timed(setup.loader):
+            train_on(batch, run, model, log)
+            time_limit.after_step()  # may move state.end
+            last = state.step == state.end
+            if state.step % train.log_every == 0 or last:
+                log_training(run, log)
+            else:
+                log.advance()
+            if state.step % train.eval_every == 0 or last:
+                validate(run, val_loaders, log)
+                state.window.restart_clock()
+            signum = stop.agreed()  # every rank, every step: a signal to one rank stops them all here
+            if signum or state.step % train.save_every == 0 or last:
+                saved = save_training_checkpoint(run)
+                state.window.restart_clock()
+                if signum:
+                    raise StopRequested(signum, state.step, str(saved))
+            if last:  # the sampler may hold more batches: train.max_minutes planned fewer steps
+                break
 
 
 def train_on(batch: Batch, run: Run, model: nn.Module, log: RunLog) -> None:

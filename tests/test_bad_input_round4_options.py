@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from evaluation.decoders import build_decoder, read_lexicon
 from interop.export import pytorch_warnings
-from tests.conftest import ALPHABET, REPO, one_line_error, run_command
+from tests.conftest import ALPHABET, REPO, SMALL_RUN, TORCHRUN_TWO, one_line_error, run_command, start_command
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError, load_config
 from utils.atomic_write import check_writable, remove_leftovers, write_text_atomically
@@ -204,3 +207,64 @@ def test_non_finite_optimizer_moments_are_refused_at_load(tiny_run, tmp_path):
     torch.save(record, path)
     with pytest.raises(CheckpointError, match=rf"optimizer state '{index}\.exp_avg_sq' holds NaN \(1 value\)"):
         load_checkpoint(path)
+
+
+# --- A rank that stops answering in the middle of training ------------------------------------------------
+
+
+def worker_of_rank(rank: int, out_dir: Path) -> int | None:
+    """The pid of this run's train.py process of `rank` (torchrun's child), from /proc."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if f"train.out_dir={out_dir}".encode() in command and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_mid_training_is_named_by_the_others(synth, tmp_path):
+    # Before: the step's own gradient all-reduce (DDP's, not the project's) timed out with gloo's
+    # `Timed out waiting 600000ms for recv operation to complete`, naming no rank.
+    out_dir, output = tmp_path / "run", tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = start_command(
+            *TORCHRUN_TWO,
+            "train.py",
+            "--config",
+            "crnn.yaml",
+            f"data.train=[{synth / 'train'}]",
+            f"data.val=[{synth / 'val'}]",
+            f"train.out_dir={out_dir}",
+            *SMALL_RUN,
+            "train.max_steps=100000",
+            "train.eval_every=100000",
+            "train.save_every=100000",
+            "train.log_every=1",
+            env={"CRNN_COLLECTIVE_TIMEOUT_MINUTES": "0.25", "OMP_NUM_THREADS": "1"},  # 15 s
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        metrics = out_dir / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert process.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(0.5)
+        rank_one = worker_of_rank(1, out_dir)
+        assert rank_one is not None
+        os.kill(rank_one, signal.SIGSTOP)  # as Ctrl-Z, a hung network file system, a node gone
+        while "did not answer" not in output.read_text():
+            assert time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(1)  # the rest of the line
+        text = output.read_text()
+        assert "rank 0, in " in text, text[-3000:]
+        assert "rank 1 did not answer for 15 s: a process stopped or stuck" in text, text[-3000:]
+        assert "Timed out waiting" not in text, text[-3000:]
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
