@@ -2,5 +2,5 @@
 (lmdb_keys.py), opening, reading and writing LMDBs (lmdb_env.py, lmdb_dataset.py, lmdb_writer.py), which
 samples are usable (label_index.py), the image formats read and the one opener of an image
 (image_formats.py), the image transform and augmentation (transforms.py, augment.py, opencv_resize.py),
-the samplers and the two loaders (samplers.py, loaders.py), and the image files a command line names
-(image_files.py)."""
+the samplers and the two loaders (samplers.py, loaders.py), the image files a command line names
+(image_files.py), and the leakage check between training and evaluation LMDBs (overlap.py)."""

@@ -14,13 +14,16 @@ import secrets
 import shutil
 import socket
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import lmdb
 
-from data.lmdb_keys import NUM_SAMPLES, image_key, label_key, meta_key
+from data.lmdb_env import first_index, highest_index, lmdb_for_scan
+from data.lmdb_keys import NUM_SAMPLES, LabelNotUtf8, image_key, label_key, meta_key, read_label
 from utils.atomic_write import make_folder, remove_empty_folders
+
+SampleRef = tuple[int, int]  # (which source, sample index in it)
 
 # data.mdb and lock.mdb: 0666, as for any file, so the umask decides (py-lmdb's default, 0755 less the
 # execute bits it drops, gives 0644 even where the umask lets the group write).
@@ -30,6 +33,42 @@ COMMIT_EVERY = 1000
 # The map starts small and doubles whenever it fills: a fixed huge map is only address space on
 # Linux, but some platforms (Windows) allocate the file to the map's size up front.
 INITIAL_MAP_SIZE = 64 << 20
+
+
+def labelled_samples(sources: list[Path]) -> list[SampleRef]:
+    """Every sample of `sources` that has both an image and a label, in order. A label that is not
+    UTF-8 is an error naming it: copied, it would come out changed."""
+    samples = []
+    for source_number, source in enumerate(sources):
+        with lmdb_for_scan(source) as env, env.begin() as txn:
+            missing = 0
+            for index in range(first_index(txn), highest_index(txn) + 1):
+                try:
+                    label = read_label(txn, index, strict=True)
+                except LabelNotUtf8 as error:
+                    raise ValueError(f"{source}: {error}; fix that label (nothing was written)") from None
+                if label is None or txn.get(image_key(index)) is None:
+                    missing += 1
+                else:
+                    samples.append((source_number, index))
+        if missing:
+            print(f"{source}: left out {missing} index(es) without both an image and a label")
+    return samples
+
+
+Sample = tuple[bytes, str] | tuple[bytes, str, bytes]  # image bytes, label[, meta]: what an LMDB holds
+
+
+def copied_samples(sources: list[Path], samples: list[SampleRef]) -> Iterator[Sample]:
+    """The image bytes, label and meta (if any) of `samples`, read from the sources: what write_lmdb copies."""
+    with ExitStack() as stack:  # this process's environment where it has one: py-lmdb refuses a second
+        transactions = [stack.enter_context(stack.enter_context(lmdb_for_scan(source)).begin()) for source in sources]
+        for source_number, index in samples:
+            txn = transactions[source_number]
+            meta = txn.get(meta_key(index))
+            image = txn.get(image_key(index))
+            label = read_label(txn, index)
+            yield (image, label) if meta is None else (image, label, meta)
 
 
 def write_lmdb(

@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import random
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-from data.lmdb_env import first_index, highest_index, open_lmdb
-from data.lmdb_keys import LabelNotUtf8, image_key, meta_key, read_label
-from data.lmdb_writer import check_replaceable, fill_lmdb, staged_lmdb
+from data.lmdb_writer import check_replaceable, copied_samples, fill_lmdb, labelled_samples, staged_lmdb
 from utils import cli
-
-SampleRef = tuple[int, int]  # (which source, sample index in it)
 
 
 def parse_val(spec: str) -> tuple[int | None, float | None]:
@@ -42,27 +37,6 @@ def parse_val(spec: str) -> tuple[int | None, float | None]:
     raise argparse.ArgumentTypeError(f"{spec!r}: give a count of samples (672) or a share between 0 and 100 % (10%)")
 
 
-def labelled_samples(sources: list[Path]) -> list[SampleRef]:
-    """Every sample of `sources` that has both an image and a label, in order. A label that is not
-    UTF-8 is an error naming it: copied, it would come out changed."""
-    samples = []
-    for source_number, source in enumerate(sources):
-        with open_lmdb(source, readahead=True) as env, env.begin() as txn:
-            missing = 0
-            for index in range(first_index(txn), highest_index(txn) + 1):
-                try:
-                    label = read_label(txn, index, strict=True)
-                except LabelNotUtf8 as error:
-                    raise ValueError(f"{source}: {error}; fix that label (nothing was written)") from None
-                if label is None or txn.get(image_key(index)) is None:
-                    missing += 1
-                else:
-                    samples.append((source_number, index))
-        if missing:
-            print(f"{source}: left out {missing} index(es) without both an image and a label")
-    return samples
-
-
 def held_out_count(total: int, count: int | None, share: float | None) -> int:
     held_out = count if count is not None else round(total * share)
     if not 0 < held_out < total:
@@ -71,23 +45,6 @@ def held_out_count(total: int, count: int | None, share: float | None) -> int:
             f" count between 1 and {total - 1}"
         )
     return held_out
-
-
-def copied(sources: list[Path], samples: list[SampleRef]) -> Iterator[tuple[bytes, str] | tuple[bytes, str, bytes]]:
-    """The image bytes, label and meta (if any) of `samples`, read from the sources."""
-    environments = [open_lmdb(source) for source in sources]
-    transactions = [env.begin() for env in environments]
-    try:
-        for source_number, index in samples:
-            txn = transactions[source_number]
-            meta = txn.get(meta_key(index))
-            image = txn.get(image_key(index))
-            label = read_label(txn, index)
-            yield (image, label) if meta is None else (image, label, meta)
-    finally:
-        for txn, env in zip(transactions, environments):
-            txn.abort()
-            env.close()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     # between them would leave a new val beside an old train that holds some of its samples.
     with staged_lmdb(splits["val"]) as val_folder, staged_lmdb(splits["train"]) as train_folder:
         written = {
-            name: fill_lmdb(folder, copied(args.sources, chosen[name]))
+            name: fill_lmdb(folder, copied_samples(args.sources, chosen[name]))
             for name, folder in (("val", val_folder), ("train", train_folder))
         }
     for name in ("val", "train"):

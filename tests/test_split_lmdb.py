@@ -143,7 +143,7 @@ def test_stopped_while_writing_train_the_splits_already_there_stay_a_matching_pa
     paths, _ = sources
     out = tmp_path / "out"
     before = split(paths, out, "--val", "10")
-    real_copied = split_lmdb.copied
+    real_copied = split_lmdb.copied_samples
     calls = []
 
     def stopped_in_the_second_split(*args):
@@ -153,7 +153,7 @@ def test_stopped_while_writing_train_the_splits_already_there_stay_a_matching_pa
                 raise KeyboardInterrupt  # Ctrl-C, three samples into the second split
             yield sample
 
-    monkeypatch.setattr(split_lmdb, "copied", stopped_in_the_second_split)
+    monkeypatch.setattr(split_lmdb, "copied_samples", stopped_in_the_second_split)
     with pytest.raises(KeyboardInterrupt):
         split(paths, out, "--val", "10", "--seed", "1", "--overwrite")
     assert len(calls) == 2
