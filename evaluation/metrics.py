@@ -33,6 +33,10 @@ OUTSIDE_BENCHMARK_CHARSET = re.compile("[^0-9a-z]")
 # sums do not depend on the order of addition, so the result is identical for any number of processes
 # or batch size.
 NED_SCALE = 10**9
+# A sample's loss counts at most this much (a diverging model's, or infinity where no alignment exists):
+# a CTC loss of 1,000 is a model that reads nothing, and at this cap 9 million samples still sum within
+# int64 (the fixed-point sum of a model whose loss reached 10^12 overflowed, and validation stopped there).
+MAX_SAMPLE_LOSS = 1_000.0
 
 # Sums kept once per mode, as `<key>_<mode>`: matched characters are those of a longest common
 # subsequence of prediction and label (characters read, in the right order).
@@ -107,7 +111,7 @@ def update_counts(
     for prediction, label, confidence, loss in zip(predictions, labels, confidences, losses, strict=True):
         counts["samples"] += 1
         counts["confidence_fixed"] += round(NED_SCALE * confidence)
-        counts["loss_fixed"] += round(NED_SCALE * loss)
+        counts["loss_fixed"] += round(NED_SCALE * (loss if loss < MAX_SAMPLE_LOSS else MAX_SAMPLE_LOSS))  # NaN too
         for mode in METRIC_MODES:
             predicted, truth = compared_form(prediction, mode, alphabet), compared_form(label, mode, alphabet)
             if not truth:

@@ -4,7 +4,15 @@ import random
 
 import pytest
 
-from evaluation.metrics import lcs_length, new_counts, summarize, update_counts
+from evaluation.metrics import (
+    MAX_SAMPLE_LOSS,
+    counts_to_tensor,
+    lcs_length,
+    new_counts,
+    summarize,
+    tensor_to_counts,
+    update_counts,
+)
 
 
 def test_metrics_on_hand_computed_examples():
@@ -57,3 +65,13 @@ def test_sums_from_shards_equal_the_whole():
 
 def test_empty_evaluation_is_zero_not_an_error():
     assert summarize(new_counts())["accuracy"] == 0.0
+
+
+def test_a_diverged_models_losses_sum_without_overflow():
+    # Before: a fine-tune at a learning rate that wrecked the model stopped its validation with
+    # `Overflow when unpacking long long` (a loss of 10^12 in the fixed-point sum); NaN was `cannot convert
+    # float NaN to integer`.
+    counts = new_counts()
+    update_counts(counts, ["a", "b", "c"], ["a", "b", "c"], losses=[1e15, float("nan"), float("inf")])
+    totals = tensor_to_counts(counts_to_tensor(counts))
+    assert summarize(totals)["loss"] == MAX_SAMPLE_LOSS
