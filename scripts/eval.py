@@ -13,7 +13,9 @@ conventional order. The default metric mode, `benchmark`, is the field's protoco
 `--split-long` reads crops more than 1.5 model input widths long at the model's height in overlapping pieces,
 as predict.py does by default (evaluation/long_crops.py); without it they are squashed, as in training.
 Below the table: the accuracy of the most confident 50, 80 and 95 % of the readings of each set, which
-says how far the word confidence can be trusted to pick the readings worth keeping.
+says how far the word confidence can be trusted to pick the readings worth keeping. `--slices` adds each
+set's accuracy by label length, crop shape, case and symbols, and its most frequent character confusions
+(evaluation/slices.py).
 """
 
 from __future__ import annotations
@@ -35,14 +37,15 @@ from data.codec import CTCCodec, Reading
 from data.label_index import DROP_REASONS, index_cache_dir
 from data.lmdb_dataset import UNKNOWN_CHARACTERS, Batch, CollateBatch, LmdbDataset
 from data.lmdb_env import open_lmdb, shared_lmdb
-from data.lmdb_keys import image_key
+from data.lmdb_keys import image_key, read_label
 from data.loaders import build_eval_loader
-from data.transforms import ImageTransform, build_transform, decode_image
+from data.transforms import ImageTransform, build_transform, decode_image, image_size
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, is_correct, new_counts, summarize
 from evaluation.prediction_dump import write_dump
+from evaluation.slices import SliceSample, format_slices, slice_report
 from evaluation.visualize import caption_grid
 from models import output_frames
 from training.checkpoint import check_checkpoint_path, load_model
@@ -145,6 +148,12 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help=f"images of each set in --readings (default {READINGS_COUNT})",
+    )
+    parser.add_argument(
+        "--slices",
+        action="store_true",
+        help="also print (and write to --json) the accuracy by label length, crop shape, case and symbols, and"
+        " the most frequent character confusions",
     )
     parser.add_argument(
         "--unknown-characters",
@@ -422,10 +431,10 @@ def evaluate_set(
     env: DistEnv,
     index_cache: Path | None,
     keep_predictions: bool,
-) -> tuple[dict, dict[str, int], list, list]:
+) -> tuple[dict, dict[str, int], list, list, list[SliceSample]]:
     """This process's shard of one set: the set's table row and metric counts (both summed over every
-    process), (LMDB index, label, reading) records when `keep_predictions`, and (LMDB index, confidence,
-    correct) of the samples args.metric_mode scores."""
+    process), (LMDB index, label, reading) records when `keep_predictions`, (LMDB index, confidence,
+    correct) of the samples args.metric_mode scores, and with --slices every sample for slice_report."""
     dataset = LmdbDataset(
         root,
         reader.codec,
@@ -437,12 +446,20 @@ def evaluate_set(
     batches, in_pieces = set_batches(dataset, args, env, reader.long_crops)
     records = []  # for --dump, --errors and --readings
     confidences = []  # for the accuracy by confidence
+    sliced = []  # with --slices: SliceSamples
 
     def keep(batch: Batch, readings: list[Reading]) -> None:
         for index, label, reading in zip(batch.indices, batch.labels, readings):
             correct = is_correct(reading.text, label, args.metric_mode, reader.codec.alphabet)
             if correct is not None:
                 confidences.append((index, reading.confidence, correct))
+        if args.slices:
+            # The loader hands over resized images and normalised labels: the stored size comes from each
+            # image's header alone, the raw label (its case, its symbols) from the LMDB.
+            with shared_lmdb(root).begin() as txn:
+                for index, label, reading in zip(batch.indices, batch.labels, readings):
+                    size = image_size(txn.get(image_key(index)))
+                    sliced.append(SliceSample(label, read_label(txn, index), reading.text, *size))
         if keep_predictions:
             records.extend(zip(batch.indices, batch.labels, readings))
 
@@ -457,20 +474,34 @@ def evaluate_set(
         "undecodable_images": counts["dropped"],
         "read_in_pieces": in_pieces,
     }
-    return row, counts, records, confidences
+    return row, counts, records, confidences, sliced
 
 
 def collect_results(
-    args: argparse.Namespace, sets: list[dict], combined: dict[str, int], scored_shards: list[list[list[tuple]]]
+    args: argparse.Namespace,
+    sets: list[dict],
+    combined: dict[str, int],
+    scored_shards: list[list[list[tuple]]],
+    slice_shards: list[list[list[SliceSample]]] | None,
+    alphabet: str,
 ) -> dict:
     """What --json writes: each set's row and the combined one, with the accuracy of the most confident
-    readings of every process, taken in LMDB-index order."""
+    readings of every process, taken in LMDB-index order, and with --slices the slices of every process's
+    samples (sums, so their order does not matter)."""
     by_set = [
         sorted((pair for shard in scored_shards for pair in shard[position]), key=lambda pair: pair[0])
         for position in range(len(sets))
     ]
     for row, pairs in zip(sets, by_set):
         row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
+    sliced = {}
+    if slice_shards is not None:
+        for position, row in enumerate(sets):
+            row["slices"] = slice_report(
+                (sample for shard in slice_shards for sample in shard[position]), args.metric_mode, alphabet
+            )
+        every = (sample for shard in slice_shards for samples in shard for sample in samples)
+        sliced["slices"] = slice_report(every, args.metric_mode, alphabet)
     return {
         "checkpoint": str(args.checkpoint),
         "metric_mode": args.metric_mode,
@@ -480,6 +511,7 @@ def collect_results(
             **summarize(combined, args.metric_mode),
             "in_lmdb": sum(row["in_lmdb"] for row in sets),
             "accuracy_by_confidence": accuracy_by_confidence([pair[1:] for pairs in by_set for pair in pairs]),
+            **sliced,
         },
     }
 
@@ -501,6 +533,9 @@ def report(
             f"{sum(row['read_in_pieces'] for row in sets)} of {combined['in_lmdb']} images were wider than "
             f"{reader.long_crops.split_ratio:.3g}:1 and were read in overlapping pieces (--split-long)"
         )
+    if args.slices:
+        for row in [*sets, {**combined, "name": COMBINED}]:
+            print("\n" + "\n".join(format_slices(row["name"], row["slices"], args.metric_mode)))
     if shards is not None:  # each set's records from every process, in LMDB-index order
         merged = [
             sorted((record for shard in shards for record in shard[position]), key=lambda r: r[0])
@@ -532,11 +567,11 @@ def main() -> None:
         keep_predictions = any(
             path is not None for path in (args.dump, args.errors, args.readings)
         )  # they can be large
-        sets, combined, predictions, scored = [], new_counts(), [], []
+        sets, combined, predictions, scored, sliced = [], new_counts(), [], [], []
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
-            row, counts, records, confidences = evaluate_set(
+            row, counts, records, confidences, samples = evaluate_set(
                 name, root, reader, args, env, index_cache, keep_predictions
             )
             for key in COUNT_KEYS:
@@ -544,12 +579,15 @@ def main() -> None:
             sets.append(row)
             predictions.append(records)
             scored.append(confidences)
+            sliced.append(samples)
         seconds = time.perf_counter() - start
         # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
         shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
         scored_shards = gather_objects(scored, env.cpu_group)
+        slice_shards = gather_objects(sliced, env.cpu_group) if args.slices else None
         if env.is_main:
-            report(args, collect_results(args, sets, combined, scored_shards), shards, seconds, env, reader)
+            results = collect_results(args, sets, combined, scored_shards, slice_shards, reader.codec.alphabet)
+            report(args, results, shards, seconds, env, reader)
     finally:
         cleanup_distributed()
 

@@ -2,6 +2,7 @@
 # Evaluate a checkpoint on one or more LMDB sets and print a table:
 #   scripts/eval.sh CHECKPOINT LMDB [LMDB ...] [--json PATH] [--config CFG] [--metric-mode MODE]
 #                   [--dump PREDICTIONS.tsv] [--errors MISREADS.png [--errors-count N]] [--readings READINGS.png]
+#                   [--slices]
 # Every option: scripts/eval.sh --help.
 # NPROC=N runs N processes under torchrun (default 1); the numbers are the same for any N.
 # PYTHON picks the interpreter (default: python3 on PATH, e.g. the activated .venv).
