@@ -27,6 +27,7 @@ from evaluation.visualize import caption_grid
 from models.losses import ctc_losses
 from training.checkpoint import check_savable, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, load_config, validate
+from training.overfit import overfit_check
 from training.run import Run
 from training.run_folder import check_run_folder, checkpoint_path, point_last_at, prepare_run_folder, prune_checkpoints
 from training.run_log import RunLog
@@ -50,7 +51,7 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
-def main() -> None:
+def main() -> int:
     stop = StopSignal()  # first: a signal while starting up (the label scan can take minutes) ends it at once
     try:
         config = read_config()
@@ -59,7 +60,7 @@ def main() -> None:
             prepare_run_folder(config.train.out_dir)
         env = setup_distributed(config.device_ids, config.train.threads)
         try:
-            train(config, env, stop)
+            return train(config, env, stop)
         finally:
             cleanup_distributed()
     finally:
@@ -102,12 +103,15 @@ def load_run_config(config_file: str | None, overrides: list[str]) -> Config:
     return config
 
 
-def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
+def train(config: Config, env: DistEnv, stop: StopSignal) -> int:
+    """The run; its exit code (train.overfit_batches: the check's, 1 when it failed)."""
     log = RunLog(config.train.out_dir if env.is_main else None)
     with holding_run_folder(config, env, log):
         run, model, val_loaders = start_run(config, env, log)
         stop.defer(env.cpu_group)
         try:
+            if config.train.overfit_batches:  # the sanity check instead of the run
+                return overfit_check(run, model, log, stop, train_on)
             train_loop(run, model, val_loaders, log, stop)
         finally:
             log.close()  # flushes TensorBoard, also when stopped by a signal
@@ -116,6 +120,7 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> None:
         f"done: step {run.state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
         f"{config.train.out_dir}"
     )
+    return 0
 
 
 def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: RunLog, stop: StopSignal) -> None:
@@ -127,6 +132,13 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
     model.train()
     log.start_progress(total=state.end, initial=state.step)
     setup.sampler.set_steps(state.step, state.end)  # the batches depend on the step alone
+    if train.init_from and state.step == 0:  # a fine-tune whose steps only do harm must not end worse
+        start = validate(run, val_loaders, log)
+        log.info(
+            f"the start (train.init_from {train.init_from}) reads data.val at {start:.4f} before the first step: "
+            f"best.pt is the start until a step reads data.val better"
+        )
+        state.window.restart_clock()
     with answered("a training step's gradient all-reduce"):  # the loop's own collectives name themselves
         for batch in state.window.timed(setup.loader):
             train_on(batch, run, model, log)
@@ -266,8 +278,9 @@ def log_training(run: Run, log: RunLog) -> None:
     log.advance({**figures, "data wait": f"{record['data_wait_share']:.0%}"})
 
 
-def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None:
-    """Evaluate on every data.val set, log the results, and write best.pt when the accuracy improved."""
+def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> float:
+    """Evaluate on every data.val set, log the results, and write best.pt when the accuracy improved; return
+    the accuracy over all of them."""
     config, env, setup, state = run.config, run.env, run.setup, run.state
     model = setup.evaluated_model
     broadcast_buffers(model)  # evaluate, on every rank, the model rank 0 saves
@@ -290,6 +303,7 @@ def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog)
     if accuracy > state.best_accuracy and env.is_main:
         save_checkpoint(Path(config.train.out_dir) / "best.pt", run.weights(accuracy))
     state.best_accuracy = max(state.best_accuracy, accuracy)
+    return accuracy
 
 
 def save_training_checkpoint(run: Run) -> Path:

@@ -81,3 +81,66 @@ def test_dropping_labels_with_unknown_characters_is_still_a_choice(tiny_run, syn
     log = result.stdout + result.stderr
     marked = with_marks(real_like / "train")
     assert f"{real_like / 'train'}: kept {24 - marked} of 24; dropped: {marked} characters outside the alphabet" in log
+
+
+@pytest.fixture(scope="module")
+def reading_start(tmp_path_factory):
+    """A model that reads: 200 steps on one-letter crops of `a` and `b` (about 40 s), and its data."""
+    data = tmp_path_factory.mktemp("ab")
+    make = (sys.executable, "scripts/make_synthetic.py", "--out", data, "--train", "200", "--val", "20", "--test", "0")
+    run_command(*make, "--alphabet", "ab", "--no-words", "--max-length", "1", "--workers", "1", check=True)
+    out_dir = tmp_path_factory.mktemp("runs") / "start"
+    run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        *ab_run(data, out_dir),
+        "train.max_steps=200",
+        "train.eval_every=200",
+        "data.augment=none",
+        "optim.lr=3e-3",
+        check=True,
+    )
+    return data, out_dir / "best.pt"
+
+
+def ab_run(data, out_dir) -> tuple[str, ...]:
+    return (
+        *SMALL_RUN,
+        "train.batch_size=16",
+        "train.max_minutes=null",
+        "data.alphabet=ab",
+        f"data.train=[{data / 'train'}]",
+        f"data.val=[{data / 'val'}]",
+        f"train.out_dir={out_dir}",
+    )
+
+
+def test_a_finetune_that_only_does_harm_ends_with_its_start_as_best(reading_start, tmp_path):
+    # Before: best.pt was the first validated step's model, however much worse than the start (here the
+    # start reads 0.65 of data.val; 2 steps at optim.lr=5 leave 0.55, then 0.45), and the weight average
+    # validated before any step was the model as built, not the start.
+    data, start = reading_start
+    recorded = torch.load(start, weights_only=True)
+    assert recorded["accuracy"] > 0  # a start worth keeping
+    out_dir = tmp_path / "wrecked"
+    result = run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        *ab_run(data, out_dir),
+        f"train.init_from={start}",
+        "optim.lr=5",  # wrecks it
+        "optim.warmup_steps=0",
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "train.log_every=2",
+        check=True,
+    )
+    said = f"the start (train.init_from {start}) reads data.val at {recorded['accuracy']:.4f} before the first step"
+    assert said in result.stdout + result.stderr
+    best = torch.load(out_dir / "best.pt", weights_only=True)
+    assert best["step"] == 0 and best["accuracy"] == recorded["accuracy"]
+    assert all(torch.equal(best["model"][key], tensor) for key, tensor in recorded["model"].items())

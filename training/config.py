@@ -174,6 +174,9 @@ class TrainConfig:
     # a checkpoint whose weights start this run (its optimizer is not used); empty: none
     init_from: str = path_field("", may_change=True, words=("",))
     max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
+    # The sanity check of a recipe that does not learn: train on the first N batches, unaugmented, until the
+    # model reads them all or max_steps, and exit 0 or 1 (training/overfit.py); 0: train as usual
+    overfit_batches: int = 0
 
 
 # The `augment` section: a key per entry of data/augment.py's AUGMENTATIONS, a probability (0 to 1) that
@@ -284,6 +287,7 @@ def check_ranges(config: Config) -> None:
         "train.save_every": (train.save_every, 1, math.inf),
         "train.keep_checkpoints": (train.keep_checkpoints, 1, math.inf),
         "train.max_nonfinite_steps": (train.max_nonfinite_steps, 1, math.inf),
+        "train.overfit_batches": (train.overfit_batches, 0, math.inf),
         "train.seed": (train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
         "train.threads": (train.threads, 0, math.inf),
         "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),

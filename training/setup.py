@@ -87,6 +87,8 @@ def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module
         resume(run, log, *resume_from)
     elif config.train.init_from:
         log.info(load_initial_weights(setup.model, config.train.init_from, setup.codec.alphabet, config))
+        if setup.average is not None:  # a copy of the model as built: what validation before a step would score
+            setup.average.load(setup.model.state_dict(), updates=0)
     if not config.train.overwrite:
         keep_best_of_folder(run, log)
     start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
@@ -163,7 +165,9 @@ def model_and_frames(config: Config, codec: CTCCodec, env: DistEnv) -> tuple[nn.
         frames = output_frames(model, config.model.in_channels, data.img_height, data.img_width)
     except ValueError as error:
         raise ConfigError(f"data.img_height={data.img_height}, data.img_width={data.img_width}: {error}") from None
-    if config.model.sync_bn and env.distributed:
+    # The overfit check too: with its few samples, rank 0's statistics of its slice would not read the other
+    # ranks' slices, and the check would fail where one process with the same global batch passes.
+    if (config.model.sync_bn or config.train.overfit_batches) and env.distributed:
         model = convert_sync_batchnorm(model, env.device)
     return model, frames
 
@@ -341,6 +345,11 @@ def describe_run(run: Run, log: RunLog) -> None:
         f"steps per epoch"
     )
     time_limit = TimeLimit.start_up_line(run)
+    if config.train.overfit_batches:  # training/overfit.py runs instead of the loop, without a time limit
+        time_limit = (
+            f"train.overfit_batches={config.train.overfit_batches}: the overfit check, on the first batches "
+            f"unaugmented, for up to {config.train.max_steps} steps; no validation, checkpoint or time limit"
+        )
     if time_limit:
         log.info(time_limit)
     for warning in config_warnings(config, env.device.type):

@@ -64,16 +64,17 @@ class TimeLimit:
         elif state.plan is not None and clock.plans_again(state.step, state.end):
             self.plan_again()
 
-    def timing(self, validate: Callable[..., None]) -> Callable[..., None]:
+    def timing(self, validate: Callable[..., float]) -> Callable[..., float]:
         """`validate`, its seconds told to the clock: the plans made again count steps and validations apart."""
         clock = self.clock
         if clock is None:
             return validate
 
-        def timed(*args: Any, **kwargs: Any) -> None:
+        def timed(*args: Any, **kwargs: Any) -> float:
             started = clock.now()
-            validate(*args, **kwargs)
+            accuracy = validate(*args, **kwargs)
             clock.validated(clock.now() - started)
+            return accuracy
 
         return timed
 
