@@ -14,7 +14,7 @@ from training.config import ConfigError, load_config, validate
 # One batch of 4, at the recipe's learning rate without its warm-up: read after 50 to 60 steps on a 2-core CPU
 # (seeds 0 to 2, learning rates 0.002 to 0.005), on one process and on two.
 FITS = ("train.overfit_batches=1", "train.batch_size=4", "optim.warmup_steps=0", "train.max_steps=300")
-PASSED = re.compile(r"overfit check passed: the 1 batches \(4 samples\) read correctly after (\d+) steps")
+PASSED = re.compile(r"overfit check passed: the 1 batch \(4 samples\) read correctly after (\d+) steps")
 
 
 def verdicts(result: subprocess.CompletedProcess) -> list[str]:
@@ -45,7 +45,7 @@ def test_a_learning_rate_that_cannot_fit_fails_with_exit_code_1(synth, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "error:" not in result.stderr, result.stderr[-3000:]
     assert verdicts(result) == [
-        "overfit check failed: after 20 steps 0 of 4 samples of the 1 batches read correctly; the recipe cannot "
+        "overfit check failed: after 20 steps 0 of 4 samples of the 1 batch read correctly; the recipe cannot "
         "fit even these: check the labels, the alphabet, the learning rate, the preprocessing"
     ]
 

@@ -56,11 +56,12 @@ def overfit_check(run: Run, model: nn.Module, log: RunLog, stop: StopSignal, tra
                 raise Stopped(signum)  # nothing to save: the check starts again from the beginning
             if correct == total or last:
                 break
+    batches_named = f"{count} batch{'es' * (count != 1)}"
     if correct == total:
-        log.info(f"overfit check passed: the {count} batches ({total} samples) read correctly after {steps} steps")
+        log.info(f"overfit check passed: the {batches_named} ({total} samples) read correctly after {steps} steps")
         return 0
     log.info(
-        f"overfit check failed: after {steps} steps {correct} of {total} samples of the {count} batches read "
+        f"overfit check failed: after {steps} steps {correct} of {total} samples of the {batches_named} read "
         f"correctly; the recipe cannot fit even these: check the labels, the alphabet, the learning rate, the "
         f"preprocessing"
     )
