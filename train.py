@@ -310,11 +310,12 @@ def save_training_checkpoint(run: Run) -> Path:
     """Everything an exact resume needs (a collective: every rank adds its RNG state and log sums)."""
     checkpoint = run.state_dict()
     path = checkpoint_path(run.config.train.out_dir, run.state.step)
-    check_savable(checkpoint, path)  # on every rank (the weights are the same): all stop, none waits for rank 0
     if run.env.is_main:
         save_checkpoint(path, checkpoint)
         point_last_at(path)
         prune_checkpoints(run.config.train.out_dir, run.config.train.keep_checkpoints)
+    else:  # the weights are the same on every rank: each stops with rank 0's error, none waits for it
+        check_savable(checkpoint, path)
     return path
 
 

@@ -106,8 +106,13 @@ def train_small(
 ) -> subprocess.CompletedProcess:
     """train.py with `config` on `synth`'s train and val sets, SMALL_RUN, then `overrides` (one process;
     TORCHRUN_TWO for two); its result, whatever the exit code unless `check` (run_command's)."""
-    return run_command(
-        *launcher,
+    return run_command(*launcher, *small_training(synth, out_dir, config), *overrides, timeout=timeout, check=check)
+
+
+def small_training(synth: Path, out_dir: Path, config: str = "crnn.yaml") -> tuple[str, ...]:
+    """train.py's arguments for a SMALL_RUN with `config` on `synth`'s train and val sets into `out_dir`: what
+    train_small runs, for a test that starts it itself (start_command) to act on it while it trains."""
+    return (
         "train.py",
         "--config",
         config,
@@ -115,9 +120,6 @@ def train_small(
         f"data.val=[{synth / 'val'}]",
         f"train.out_dir={out_dir}",
         *SMALL_RUN,
-        *overrides,
-        timeout=timeout,
-        check=check,
     )
 
 

@@ -23,7 +23,7 @@ from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from evaluation.decoders import build_decoder, read_lexicon
 from interop.export import pytorch_warnings
-from tests.conftest import ALPHABET, REPO, SMALL_RUN, TORCHRUN_TWO, one_line_error, run_command, start_command
+from tests.conftest import ALPHABET, REPO, TORCHRUN_TWO, one_line_error, run_command, small_training, start_command
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError, load_config
 from utils.atomic_write import check_writable, remove_leftovers, write_text_atomically
@@ -233,13 +233,7 @@ def test_a_rank_stopped_mid_training_is_named_by_the_others(synth, tmp_path):
     with output.open("w") as sink:
         process = start_command(
             *TORCHRUN_TWO,
-            "train.py",
-            "--config",
-            "crnn.yaml",
-            f"data.train=[{synth / 'train'}]",
-            f"data.val=[{synth / 'val'}]",
-            f"train.out_dir={out_dir}",
-            *SMALL_RUN,
+            *small_training(synth, out_dir),
             "train.max_steps=100000",
             "train.eval_every=100000",
             "train.save_every=100000",
