@@ -27,6 +27,7 @@ from evaluation.visualize import caption_grid
 from models.losses import ctc_losses
 from training.checkpoint import check_savable, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, load_config, validate
+from training.forgetting import backbone_frozen, start_against_best
 from training.overfit import overfit_check
 from training.run import Run
 from training.run_folder import check_run_folder, checkpoint_path, point_last_at, prepare_run_folder, prune_checkpoints
@@ -115,6 +116,10 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> int:
             train_loop(run, model, val_loaders, log, stop)
         finally:
             log.close()  # flushes TensorBoard, also when stopped by a signal
+    report = start_against_best(run.state, config.data, config.train.init_from)
+    if report:
+        log.info(report)
+        log.metrics({"step": run.state.step, "start": run.state.start_readings, "best": run.state.best_readings})
     best = f"{run.state.best_accuracy:.4f}" if run.state.best_accuracy >= 0 else "none yet"
     log.info(
         f"done: step {run.state.step}, best val accuracy {best} on data.val {config.data.val}; checkpoints in "
@@ -133,7 +138,7 @@ def train_loop(run: Run, model: nn.Module, val_loaders: list[DataLoader], log: R
     log.start_progress(total=state.end, initial=state.step)
     setup.sampler.set_steps(state.step, state.end)  # the batches depend on the step alone
     if train.init_from and state.step == 0:  # a fine-tune whose steps only do harm must not end worse
-        start = validate(run, val_loaders, log)
+        start, _ = validate(run, val_loaders, log)
         log.info(
             f"the start (train.init_from {train.init_from}) reads data.val at {start:.4f} before the first step: "
             f"best.pt is the start until a step reads data.val better"
@@ -165,6 +170,7 @@ def train_on(batch: Batch, run: Run, model: nn.Module, log: RunLog) -> None:
     """train_step with the run's optimizer, precision and transforms, and what each step counts: the
     schedule, the step, the next log line's numbers, the steps skipped in a row."""
     setup, state = run.setup, run.state
+    frozen = backbone_frozen(setup.model, state.step < run.config.train.freeze_backbone_steps)
     loss, infinite, taken = train_step(
         model,
         batch,
@@ -176,6 +182,7 @@ def train_on(batch: Batch, run: Run, model: nn.Module, log: RunLog) -> None:
         precision=setup.precision,
         memory_format=setup.memory_format,
         average=setup.average,
+        frozen=frozen,
     )
     setup.scheduler.step()
     state.step += 1
@@ -195,11 +202,13 @@ def train_step(
     precision: str,
     memory_format: torch.memory_format,
     average: WeightAverage | None = None,
+    frozen: list[nn.Parameter] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """One optimizer step on a training batch (its uint8 pixels made the model's input on the device by
-    `inputs`), and the weight average's when there is one. Returns the loss and the count of infinite
-    losses (left on the device), and whether the step was taken: one with a NaN or infinite gradient
-    norm is skipped, and leaves the whole model as it was, buffers included."""
+    `inputs`), and the weight average's when there is one; the `frozen` parameters are left as they are.
+    Returns the loss and the count of infinite losses (left on the device), and whether the step was taken:
+    one with a NaN or infinite gradient norm is skipped, and leaves the whole model as it was, buffers
+    included."""
     on_device = [tensor.to(device, non_blocking=True) for tensor in (batch.images, batch.widths, batch.seeds)]
     images = inputs(*on_device).contiguous(memory_format=memory_format)
     # The forward pass updates BatchNorm's running statistics before anyone knows whether the step is
@@ -211,7 +220,7 @@ def train_step(
         logits = model(images)  # [B, T, C]
     losses, infinite = ctc_losses(logits, batch.targets, batch.target_lengths)
     loss = losses.sum() / max(len(losses), 1)  # not mean(): a batch emptied by undecodable images gives 0
-    taken = compute_gradients(model, loss, optimizer, scaler, grad_clip)
+    taken = compute_gradients(model, loss, optimizer, scaler, grad_clip, frozen or [])
     if taken:
         scaler.step(optimizer)
         if average is not None:
@@ -228,11 +237,14 @@ def compute_gradients(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     grad_clip: float,
+    frozen: list[nn.Parameter],
 ) -> bool:
-    """The gradients of `loss`, clipped to norm `grad_clip` (0: not clipped). Returns whether their norm
-    is finite: whether the step may be taken."""
+    """The gradients of `loss`, clipped to norm `grad_clip` (0: not clipped), none for the `frozen`
+    parameters. Returns whether their norm is finite: whether the step may be taken."""
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    for parameter in frozen:  # DDP has all-reduced them already; without a gradient, the optimizer skips them
+        parameter.grad = None
     scaler.unscale_(optimizer)  # clip and check the true gradients, not the fp16-scaled ones
     if grad_clip > 0:
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -278,32 +290,40 @@ def log_training(run: Run, log: RunLog) -> None:
     log.advance({**figures, "data wait": f"{record['data_wait_share']:.0%}"})
 
 
-def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> float:
-    """Evaluate on every data.val set, log the results, and write best.pt when the accuracy improved; return
-    the accuracy over all of them."""
+def validate_and_keep_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> tuple[float, dict[str, float]]:
+    """Evaluate on every data.val and data.retain set, log the results, and write best.pt when the accuracy
+    over data.val improved; return that accuracy, and each set's."""
     config, env, setup, state = run.config, run.env, run.setup, run.state
     model = setup.evaluated_model
     broadcast_buffers(model)  # evaluate, on every rank, the model rank 0 saves
     results = {}
-    for dataset, loader in zip(setup.val_sets, val_loaders):
+    for dataset, loader in zip(setup.validated_sets, val_loaders):
         counts = evaluate(model, loader, setup.codec, env, setup.precision, config.train.channels_last)
         results[dataset.root] = {**summarize(counts), "undecodable_images": counts["dropped"]}
-    total = sum(r["scored"] for r in results.values())
-    accuracy = sum(r["accuracy"] * r["scored"] for r in results.values()) / max(total, 1)
+    validated = [results[dataset.root] for dataset in setup.val_sets]
+    total = sum(r["scored"] for r in validated)
+    accuracy = sum(r["accuracy"] * r["scored"] for r in validated) / max(total, 1)
+    retained = {dataset.root for dataset in setup.retain_sets}
     for root, result in results.items():
+        kind = "retain" if root in retained else "val"
         log.info(
-            f"step {state.step} val {root}: "
+            f"step {state.step} {kind} {root}: "
             + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
         )
-        log.metrics({"step": state.step, "val": root, **result})
+        log.metrics({"step": state.step, kind: root, **result})
     if log.takes_images and setup.val_sets:
         log.image(
             "val/samples", state.step, caption_grid(decode_samples(model, setup.val_sets[0], setup.codec, env.device))
         )
-    if accuracy > state.best_accuracy and env.is_main:
-        save_checkpoint(Path(config.train.out_dir) / "best.pt", run.weights(accuracy))
+    readings = {root: result["accuracy"] for root, result in results.items()}
+    if config.train.init_from and state.step == 0:  # the start, which every later checkpoint records
+        state.start_readings = readings
+    if accuracy > state.best_accuracy:
+        state.best_readings = readings
+        if env.is_main:
+            save_checkpoint(Path(config.train.out_dir) / "best.pt", {**run.weights(accuracy), "readings": readings})
     state.best_accuracy = max(state.best_accuracy, accuracy)
-    return accuracy
+    return accuracy, readings
 
 
 def save_training_checkpoint(run: Run) -> Path:

@@ -4,6 +4,7 @@ real datasets are labelled (capitals, marks, symbols), so the test needs no real
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from data.lmdb_writer import write_lmdb
-from tests.conftest import ALPHABET, SMALL_RUN, read_lmdb, run_command
+from tests.conftest import ALPHABET, SMALL_RUN, TORCHRUN_TWO, read_lmdb, run_command
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
 
@@ -132,6 +133,7 @@ def test_a_finetune_that_only_does_harm_ends_with_its_start_as_best(reading_star
         "crnn.yaml",
         *ab_run(data, out_dir),
         f"train.init_from={start}",
+        f"data.retain=[{data / 'train'}]",
         "optim.lr=5",  # wrecks it
         "optim.warmup_steps=0",
         "train.max_steps=4",
@@ -144,3 +146,83 @@ def test_a_finetune_that_only_does_harm_ends_with_its_start_as_best(reading_star
     best = torch.load(out_dir / "best.pt", weights_only=True)
     assert best["step"] == 0 and best["accuracy"] == recorded["accuracy"]
     assert all(torch.equal(best["model"][key], tensor) for key, tensor in recorded["model"].items())
+    # The run's end compares the start with best.pt on data.val and data.retain: here the same weights.
+    val, retain = str(data / "val"), str(data / "train")
+    assert best["start_readings"] == best["readings"] and best["readings"][val] == recorded["accuracy"]
+    lines = (result.stdout + result.stderr).splitlines()
+    report = lines.index(
+        f"the start (train.init_from {start}) against best.pt, word accuracy on each set it read: best.pt is the "
+        f"start, no step read data.val better"
+    )
+    retained = 100 * best["readings"][retain]
+    assert lines[report + 2].split() == [
+        "data.retain",
+        retain,
+        f"{retained:.2f}",
+        "%",
+        "->",
+        f"{retained:.2f}",
+        "%",
+        "(+0.00)",
+    ]
+
+
+def test_the_start_is_compared_with_best_after_a_resume_and_a_retained_set_never_picks_best(reading_start, tmp_path):
+    data, start = reading_start
+    out_dir = tmp_path / "tuned"
+    common = (*ab_run(data, out_dir), f"train.init_from={start}", f"data.retain=[{data / 'train'}]")
+    train = (sys.executable, "train.py", "--config", "crnn.yaml", *common, "train.eval_every=2", "train.save_every=2")
+    run_command(*train, "train.max_steps=2", check=True)
+    first = torch.load(out_dir / "last.pt", weights_only=True)
+    resumed = run_command(*train, "train.max_steps=4", check=True)  # train.resume=auto: from step 2
+    log = resumed.stdout + resumed.stderr
+    assert "resumed from" in log and "reads data.val at" not in log  # the start is not read again...
+    best = torch.load(out_dir / "best.pt", weights_only=True)
+    assert best["start_readings"] == first["start_readings"]  # ...its readings travel in the checkpoints
+    assert set(best["start_readings"]) == {str(data / "val"), str(data / "train")}
+    assert f"the start (train.init_from {start}) against best.pt" in log
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    retained = [record for record in records if record.get("retain") == str(data / "train")]
+    assert [record["step"] for record in retained] == [0, 2, 4]
+    # best.pt is chosen on data.val alone: its accuracy is data.val's at its step.
+    chosen = [r for r in records if r.get("val") == str(data / "val") and r["step"] == best["step"]]
+    assert best["accuracy"] == chosen[0]["accuracy"]
+
+
+def test_a_frozen_backbone_is_left_as_the_start_had_it_under_ddp(reading_start, tmp_path):
+    data, start = reading_start
+    out_dir = tmp_path / "frozen"
+    run_command(
+        *TORCHRUN_TWO,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        *ab_run(data, out_dir),
+        f"train.init_from={start}",
+        "train.freeze_backbone_steps=2",
+        "optim.warmup_steps=0",
+        "train.max_steps=3",
+        "train.save_every=1",
+        "train.keep_checkpoints=3",
+        check=True,
+    )
+    initial = torch.load(start, weights_only=True)["model"]
+    frozen, thawed = (torch.load(out_dir / f"ckpt-{step:07d}.pt", weights_only=True)["raw_model"] for step in (2, 3))
+    backbone = [key for key in initial if key.startswith("backbone.")]
+    assert any("running_mean" in key for key in backbone)  # BatchNorm statistics are held too
+    assert all(torch.equal(frozen[key], initial[key]) for key in backbone)
+    assert not all(torch.equal(frozen[key], initial[key]) for key in initial if key.startswith("sequence."))
+    assert not all(torch.equal(thawed[key], initial[key]) for key in backbone if key.endswith("weight"))
+
+
+def test_freezing_the_backbone_without_a_start_is_refused(synth, tmp_path):
+    result = run_command(
+        sys.executable,
+        "train.py",
+        "--config",
+        "crnn.yaml",
+        *ab_run(synth, tmp_path / "run"),
+        "train.freeze_backbone_steps=5",
+    )
+    assert result.returncode == 1
+    assert "train.freeze_backbone_steps=5 without train.init_from" in result.stderr

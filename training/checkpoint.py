@@ -14,8 +14,12 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     preprocessing   data.transforms.Preprocessing as a dict: what turns an image into the input
     world_size, versions
     imported_from   only in a checkpoint scripts/import_weights.py made: the source's format and file name
+    start_readings  a fine-tune's (train.init_from): its start's word accuracy on each data.val and data.retain
+                    LMDB before the first step, by folder; {} in other runs
+    readings        best.pt only: its word accuracy on each of those sets at its step
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
+    best_readings   best.pt's readings, for the run's closing report
     plan            train.max_minutes's plan (training/time_budget.py's Plan as a dict), or None
     raw_model, average_updates   with optim.ema_decay > 0: the weights the optimizer steps, and how
                     many steps the average has taken in
@@ -234,6 +238,10 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not a step
 
 
+def is_readings(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(key, str) and is_number(v) for key, v in value.items())
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -258,6 +266,10 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         for name in ("config", "preprocessing", "versions", "imported_from", "optimizer", "scheduler", "scaler")
     },
     "log_window": (lambda value: isinstance(value, dict), "a mapping"),
+    **{
+        name: (is_readings, "word accuracies by LMDB folder (a mapping of text to numbers)")
+        for name in ("start_readings", "readings", "best_readings")
+    },
 }
 
 

@@ -77,6 +77,10 @@ def path_field(
 class DataConfig:
     train: list[str] = path_field(factory=lambda: ["datasets/synth/train"])  # LMDB folders
     val: list[str] = path_field(factory=lambda: ["datasets/synth/val"], may_change=True)
+    # Sets read at every validation beside data.val but never choosing best.pt: what a fine-tune must not
+    # forget (the synthetic val, the benchmark of the domain the start came from). With train.init_from, the
+    # run's end says what the start read on each set and what best.pt reads (training/forgetting.py).
+    retain: list[str] = path_field(factory=list, may_change=True)
     # Share of each global batch drawn from each data.train entry, e.g. [0.5, 0.5] for MJSynth +
     # SynthText; empty: one shuffle of all of them together (each in proportion to its size).
     train_ratios: list[float] = field(default_factory=list)
@@ -173,6 +177,10 @@ class TrainConfig:
     overwrite: bool = resumable(False)  # start afresh in an out_dir that holds another run, deleting its checkpoints
     # a checkpoint whose weights start this run (its optimizer is not used); empty: none
     init_from: str = path_field("", may_change=True, words=("",))
+    # With train.init_from: the first N steps train the sequence model and classifier only, the backbone's
+    # weights and BatchNorm statistics held as the start had them (models: every architecture's `backbone`),
+    # so that the new head's first, large gradients do not reach the features the start learned.
+    freeze_backbone_steps: int = 0
     max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
     # The sanity check of a recipe that does not learn: train on the first N batches, unaugmented, until the
     # model reads them all or max_steps, and exit 0 or 1 (training/overfit.py); 0: train as usual
@@ -252,6 +260,11 @@ def validate(config: Config) -> None:
             "train.resume names a checkpoint and train.init_from is set: resume continues a run,"
             " init_from starts one; keep one of them"
         )
+    if config.train.freeze_backbone_steps and not config.train.init_from:
+        raise ConfigError(
+            f"train.freeze_backbone_steps={config.train.freeze_backbone_steps} without train.init_from: a backbone"
+            f" freshly initialised has nothing to keep; set train.init_from=CHECKPOINT, or leave the key at 0"
+        )
     check_case_folding(config)
     try:
         check_model_config(config.model)
@@ -288,6 +301,7 @@ def check_ranges(config: Config) -> None:
         "train.keep_checkpoints": (train.keep_checkpoints, 1, math.inf),
         "train.max_nonfinite_steps": (train.max_nonfinite_steps, 1, math.inf),
         "train.overfit_batches": (train.overfit_batches, 0, math.inf),
+        "train.freeze_backbone_steps": (train.freeze_backbone_steps, 0, math.inf),
         "train.seed": (train.seed, 0, 2**32 - 1),  # what NumPy's seeding takes
         "train.threads": (train.threads, 0, math.inf),
         "data.eval_width_step": (config.data.eval_width_step, 0, math.inf),
@@ -333,8 +347,15 @@ def check_datasets(config: Config) -> None:
             "data.val is empty: list at least one LMDB folder to validate on; best.pt is the "
             "checkpoint that scores best there (a held-out part of the training data will do)"
         )
-    for key, roots in (("data.train", data.train), ("data.val", data.val)):
+    for key, roots in (("data.train", data.train), ("data.val", data.val), ("data.retain", data.retain)):
         check_listed_once(key, roots)
+    validated = {os.path.realpath(root) for root in data.val}
+    for root in data.retain:
+        if os.path.realpath(root) in validated:
+            raise ConfigError(
+                f"data.retain and data.val both list {root}: data.val is read at every validation already; "
+                f"keep it in data.val only"
+            )
     ratios = data.train_ratios
     if ratios and (len(ratios) != len(data.train) or sum(ratios) <= 0):  # each >= 0: check_ranges
         raise ConfigError(

@@ -37,6 +37,7 @@ class Setup:
     frames: int  # per image: the longest label CTC can align
     train_sets: list[LmdbDataset]
     val_sets: list[LmdbDataset]
+    retain_sets: list[LmdbDataset]  # data.retain: read with data.val, never choosing best.pt
     loader: DataLoader
     sampler: GlobalBatchSampler
     device_transform: DeviceTransform  # the loader's uint8 pixels to the model's input: augmented, normalised
@@ -47,6 +48,11 @@ class Setup:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     average: WeightAverage | None  # optim.ema_decay > 0: the moving average of model's weights
+
+    @property
+    def validated_sets(self) -> list[LmdbDataset]:
+        """Every set a validation reads: data.val's, then data.retain's."""
+        return self.val_sets + self.retain_sets
 
     @property
     def evaluated_model(self) -> nn.Module:
@@ -73,7 +79,7 @@ class Run:
         """What best.pt holds: the weights validation scores at this step, and `accuracy`, their score
         on data.val (None when not scored)."""
         setup = self.setup
-        return weights_checkpoint(
+        checkpoint = weights_checkpoint(
             setup.evaluated_model,
             self.config,
             setup.codec.alphabet,
@@ -83,6 +89,7 @@ class Run:
             world_size=self.env.world_size,
             precision=setup.precision,
         )
+        return {**checkpoint, "start_readings": self.state.start_readings}
 
     def state_dict(self) -> dict[str, Any]:
         """The weights plus everything an exact resume needs. A collective: every rank calls it and adds
@@ -99,6 +106,7 @@ class Run:
             "scheduler": setup.scheduler.state_dict(),
             "scaler": setup.scaler.state_dict(),
             "best_accuracy": state.best_accuracy,
+            "best_readings": state.best_readings,
             "log_window": log_window,
             "rng": rng,
             "data_sizes": setup.sampler.sizes,
@@ -135,6 +143,9 @@ class Run:
         load_optimizer_position(setup.optimizer, setup.scheduler, checkpoint)
         setup.scaler.load_state_dict(checkpoint["scaler"])
         self.state.step, self.state.best_accuracy = checkpoint["step"], checkpoint["best_accuracy"]
+        # Written before data.retain existed: no readings, and the run's end reports none
+        self.state.best_readings = checkpoint.get("best_readings", {})
+        self.state.start_readings = checkpoint.get("start_readings", {})
         self.state.window.load_state_dict(checkpoint["log_window"], self.env.is_main)
         train = self.config.train
         plan = Plan.kept(checkpoint.get("plan"), train.max_minutes, train.max_steps)

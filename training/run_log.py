@@ -42,12 +42,14 @@ class RunLog:
             tqdm.write(message)  # prints above the progress bar instead of through it
 
     def metrics(self, record: dict[str, Any]) -> None:
-        """One line of metrics.jsonl; its numbers also as TensorBoard scalars (`train/...`, `val/SET/...`)."""
+        """One line of metrics.jsonl; its numbers also as TensorBoard scalars (`train/...`, `val/SET/...`,
+        `retain/SET/...`)."""
         if self.metrics_path is not None:
             with open_no_follow(self.metrics_path, "a") as file:  # never through a link: once per log line
                 file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
         if self.board is not None:
-            prefix = f"val/{Path(record['val']).name}" if "val" in record else "train"
+            kind = next((kind for kind in ("val", "retain") if kind in record), None)
+            prefix = f"{kind}/{Path(record[kind]).name}" if kind else "train"
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                     self.board.add_scalar(f"{prefix}/{key}", value, record["step"])

@@ -77,7 +77,7 @@ def holding_run_folder(config: Config, env: DistEnv, log: RunLog) -> Iterator[No
 
 def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module, list[DataLoader]]:
     """The run, resumed or started afresh and described in the log; the model the loop steps
-    (run.setup.model, wrapped by wrap_for_training); the loaders of data.val."""
+    (run.setup.model, wrapped by wrap_for_training); the loaders of data.val, then data.retain."""
     resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
     setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
@@ -124,7 +124,7 @@ def build_setup(
     codec = CTCCodec(load_alphabet(data.alphabet), fold_case=data.fold_case)
     model, frames = model_and_frames(config, codec, env)
     preprocessing = Preprocessing.from_config(config)  # the datasets' and every checkpoint's: one record
-    train_sets, val_sets = open_datasets(config, preprocessing, codec, frames)
+    train_sets, val_sets, retain_sets = open_datasets(config, preprocessing, codec, frames)
     workers = loader_workers_of(config, env, log)  # data.num_workers `auto`: resolved for this machine
     loader, sampler = build_train_loader(
         train_sets, codec, config.train.batch_size, data.train_ratios or None, config.train.seed, workers, env
@@ -143,6 +143,7 @@ def build_setup(
         frames=frames,
         train_sets=train_sets,
         val_sets=val_sets,
+        retain_sets=retain_sets,
         loader=loader,
         sampler=sampler,
         device_transform=build_device_transform(config, train_sets[0].transform),
@@ -174,11 +175,11 @@ def model_and_frames(config: Config, codec: CTCCodec, env: DistEnv) -> tuple[nn.
 
 def open_datasets(
     config: Config, preprocessing: Preprocessing, codec: CTCCodec, frames: int
-) -> tuple[list[LmdbDataset], list[LmdbDataset]]:
+) -> tuple[list[LmdbDataset], list[LmdbDataset], list[LmdbDataset]]:
     """data.train's LMDBs, which share the transform whose uint8 pixels training augments on the device, and
-    data.val's, which share one that pads to data.eval_width_step. Each keeps the samples whose labels fit
-    `codec` and `frames` (data.unknown_characters: whether a character outside the alphabet leaves its
-    sample out or is removed from its label)."""
+    data.val's and data.retain's, which share one that pads to data.eval_width_step. Each keeps the samples
+    whose labels fit `codec` and `frames` (data.unknown_characters: whether a character outside the alphabet
+    leaves its sample out or is removed from its label)."""
     data = config.data
     cache = index_cache_dir(data.index_cache)
     remove_unknown = data.unknown_characters == "remove"
@@ -189,7 +190,8 @@ def open_datasets(
     train_transform = build_transform(config, preprocessing, train=True)
     train_sets = [open_lmdb(root, train_transform) for root in data.train]
     val_transform = build_transform(config, preprocessing)
-    return train_sets, [open_lmdb(root, val_transform) for root in data.val]
+    val_sets = [open_lmdb(root, val_transform) for root in data.val]
+    return train_sets, val_sets, [open_lmdb(root, val_transform) for root in data.retain]
 
 
 def training_precision(
@@ -258,7 +260,7 @@ def resume(run: Run, log: RunLog, path: str, checkpoint: dict[str, Any]) -> None
             f"validates on {config.data.val}: the best score starts afresh, and the next validation writes "
             f"best.pt"
         )
-        state.best_accuracy = TrainState.best_accuracy
+        state.best_accuracy, state.best_readings = TrainState.best_accuracy, {}
     if checkpoint["data_sizes"] != sampler.sizes:
         log.info(
             f"warning: data.train now has {sampler.sizes} usable samples, not {checkpoint['data_sizes']}: "
@@ -302,13 +304,13 @@ def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: Che
 
 def build_val_loaders(run: Run, log: RunLog) -> list[DataLoader]:
     config, env, setup = run.config, run.env, run.setup
-    for dataset in setup.train_sets + setup.val_sets:
+    for dataset in setup.train_sets + setup.validated_sets:
         log.info(f"{dataset.report.summary()}\n  sample index: {dataset.report.source}")
     loaders = [
         build_eval_loader(
             dataset, setup.codec, config.train.eval_batch_size // env.world_size, setup.loader_workers, env
         )
-        for dataset in setup.val_sets
+        for dataset in setup.validated_sets
     ]
     # Their persistent workers are forked now, while no other thread runs: a fork at the first
     # validation, with DDP's threads busy, can deadlock the child on CPython < 3.12 (cpython#112275).

@@ -9,7 +9,7 @@ checkpoints keep. Rank 0's plan is every rank's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from training.config import short_of_warmup
 from training.optim import fit_schedule
@@ -17,6 +17,8 @@ from training.run import Run
 from training.run_log import RunLog
 from training.time_budget import TIMED_STEPS, UNTIMED_STEPS, Pace, Plan, StepClock, end_planned_again, steps_that_fit
 from utils.distributed import broadcast_object
+
+Result = TypeVar("Result")
 
 
 def plans_its_end(run: Run) -> bool:
@@ -64,17 +66,17 @@ class TimeLimit:
         elif state.plan is not None and clock.plans_again(state.step, state.end):
             self.plan_again()
 
-    def timing(self, validate: Callable[..., float]) -> Callable[..., float]:
+    def timing(self, validate: Callable[..., Result]) -> Callable[..., Result]:
         """`validate`, its seconds told to the clock: the plans made again count steps and validations apart."""
         clock = self.clock
         if clock is None:
             return validate
 
-        def timed(*args: Any, **kwargs: Any) -> float:
+        def timed(*args: Any, **kwargs: Any) -> Result:
             started = clock.now()
-            accuracy = validate(*args, **kwargs)
+            result = validate(*args, **kwargs)
             clock.validated(clock.now() - started)
-            return accuracy
+            return result
 
         return timed
 
@@ -82,7 +84,7 @@ class TimeLimit:
         """The step this run ends at, from the pace of the steps the clock timed, with the schedule refitted
         to it."""
         config, clock, state = self.run.config, self.clock, self.run.state
-        validation_images = sum(len(dataset) for dataset in self.run.setup.val_sets)
+        validation_images = sum(len(dataset) for dataset in self.run.setup.validated_sets)
         pace = Pace.measured(
             clock.seconds_per_step(), config.train.batch_size, validation_images, config.train.eval_every
         )
