@@ -98,7 +98,7 @@ def test_init_from_another_alphabet_keeps_the_rows_of_shared_characters(tmp_path
     report = load_initial_weights(target, path, alphabet="zqa")
     assert (
         "rows matched by character: 1 copied in place (the blank included), 2 moved, 1 new characters initialised"
-        " fresh; 4 characters of the checkpoint's alphabet not in data.alphabet dropped"
+        " fresh\n  characters: kept 2 of the checkpoint's 6; added 1: 'q'; dropped 4: 'bcxy'"
     ) in report
     assert "re-initialised" not in report
     for new, old in [(target.sequence[-1].linear, source.sequence[-1].linear), (target.shortcut, source.shortcut)]:

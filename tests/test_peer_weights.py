@@ -309,9 +309,8 @@ def test_init_from_an_import_maps_classifier_rows_by_character_and_fine_tunes_on
     data = [f"data.train=[{synth / 'train'}]", f"data.val=[{synth / 'val'}]"]
     log, source = fine_tune_import("easyocr_en.yaml", data, out_dir, tmp_path)
     assert "init_from" in log and "loaded 44 of 44 tensors" in log
-    assert (
-        "rows matched by character" in log and "60 characters of the checkpoint's alphabet not in data.alphabet" in log
-    )
+    assert "rows matched by character" in log
+    assert "characters (train.init_alphabet=new): kept 36 of the checkpoint's 96; added 0; dropped 60: " in log
     assert "2 process(es)" in log
 
     tuned = load_checkpoint(out_dir / "last.pt")

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.lmdb_dataset import LmdbDataset
 from data.loaders import build_train_loader
 from data.samplers import GlobalBatchSampler
 from data.transforms import build_transform
+from training.alphabet_policy import run_alphabet
 from training.config import load_config
 from utils.distributed import DistEnv
 
@@ -265,7 +265,7 @@ def measure_sampler(sizes: list[int], ratios: list[float] | None, batch: int, wo
 def loader_images_per_s(lmdb: Path, cache: Path, batches: int, workers: int, batch_size: int = 256) -> float:
     """The training loader alone (read, decode, resize, collate) over random global batches."""
     config = load_config("crnn.yaml", [f"data.train=[{lmdb}]"])
-    codec = CTCCodec(load_alphabet(config.data.alphabet), fold_case=config.data.fold_case)
+    codec = CTCCodec(run_alphabet(config), fold_case=config.data.fold_case)
     dataset = LmdbDataset(lmdb, codec, 31, build_transform(config, train=True), index_cache=cache)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     loader, sampler = build_train_loader([dataset], codec, batch_size, None, 0, workers, env)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from data.alphabet import load_alphabet
-from data.codec import CTCCodec
+from data.codec import CTCCodec, fold_case
 from data.transforms import Preprocessing, PreprocessingError, oversized
 from models import model_from_config
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
@@ -51,6 +51,7 @@ FORMAT = 1
 LEGACY = {"max_stretch": 1.0, "interpolation": "bilinear", "mean": [0.5], "std": [0.5], "padding": "replicate"}
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
+SHOWN_CHARACTERS = 40  # a start-up line names at most this many characters: an alphabet may hold thousands
 
 
 def strip_wrapper_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -441,10 +442,11 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
     """Copy the tensors of `path` into `model`; report what happened and which keys of `config` (this
     run's) differ from the checkpoint's, after check_config has refused those its weights depend on.
 
-    Used by `train.init_from`. The classifier's rows are matched by character whenever the
-    checkpoint's alphabet differs from `alphabet` (in order or in content): a shared character's row
-    is copied to its new place, the blank's stays first, and the rows of new characters keep their
-    fresh initialisation. A checkpoint that records no alphabet cannot be matched, so its
+    Used by `train.init_from`, with `alphabet` the run's (training/alphabet_policy.py's run_alphabet). The
+    classifier's rows are matched by character whenever the checkpoint's alphabet differs from `alphabet` (in
+    order or in content): a shared character's row is copied to its new place, the blank's stays first, and
+    the rows of new characters keep their fresh initialisation; the report names the characters kept, added
+    and dropped. A checkpoint that records no alphabet cannot be matched, so its
     classifier is not used. Every tensor outside the classifier must load: a backbone that does not fit
     would train from scratch under a name that says otherwise, so it is an error.
     """
@@ -462,6 +464,8 @@ def load_initial_weights(model: nn.Module, path: str | Path, alphabet: str, conf
         rows, note = classifier_rows_by_character(source, target, classifier, checkpoint.get("alphabet"), alphabet)
         loaded.update(rows)
         notes.append(note)
+        if rows:
+            notes.append(alphabet_change(checkpoint["alphabet"], alphabet, config))
     check_backbone_fits(target, loaded, classifier, path)
     unexpected = sorted(key for key in source if key not in target)
     model.load_state_dict(loaded, strict=False)
@@ -503,12 +507,10 @@ def classifier_rows_by_character(
         for new, old in mapping:
             mapped[key][new] = source[key][old]
     moved = sum(new != old for new, old in mapping)
-    dropped = len(old_alphabet) - (len(mapping) - 1)
     return mapped, (
         f"  classifier ({', '.join(classifier)}): rows matched by character: "
         f"{len(mapping) - moved} copied in place (the blank included), {moved} moved, "
         f"{len(alphabet) + 1 - len(mapping)} new characters initialised fresh"
-        + (f"; {dropped} characters of the checkpoint's alphabet not in data.alphabet dropped" if dropped else "")
     )
 
 
@@ -527,3 +529,27 @@ def check_backbone_fits(
             f"{', ...' if len(fresh) > 4 else ''}): it was made for another architecture; set model.* as it was "
             f"trained, or start without train.init_from"
         )
+
+
+def alphabet_change(known: str, alphabet: str, config: Config | None) -> str:
+    """The start-up line on the checkpoint's characters (`known`) in this run's `alphabet`: how many it kept,
+    and which it added and dropped (train.init_alphabet, training/alphabet_policy.py, decided which)."""
+    kept = [char for char in alphabet if char in known]
+    added = [char for char in alphabet if char not in known]
+    dropped = [char for char in known if char not in alphabet]
+    policy, why = "", ""
+    if config is not None:
+        policy = f" (train.init_alphabet={config.train.init_alphabet})"
+        if dropped and config.data.fold_case and all(fold_case(char) != char for char in dropped):
+            why = " (data.fold_case=true: no lowercased label holds them)"
+    return (
+        f"  characters{policy}: kept {len(kept)} of the checkpoint's {len(known)}; added {len(added)}"
+        f"{f': {shown(added)}' if added else ''}; dropped {len(dropped)}{f': {shown(dropped)}' if dropped else ''}"
+        f"{why}"
+    )
+
+
+def shown(characters: list[str]) -> str:
+    """`characters` as a line names them: as one quoted string, cut after SHOWN_CHARACTERS."""
+    more = len(characters) - SHOWN_CHARACTERS
+    return repr("".join(characters[:SHOWN_CHARACTERS])) + (f" and {more} more" if more > 0 else "")

@@ -44,6 +44,8 @@ RESUMABLE = "may_change_on_resume"
 BOUND_TO = "a_checkpoint_loaded_into_a_run_needs_the_same_value"
 PATH = "is_a_path"  # a file or folder: `~` is expanded, and an empty value is refused
 RESUME_WORDS = ("auto", "none")  # what train.resume takes besides a checkpoint's path
+# train.init_alphabet's choices: which characters a run started from a checkpoint reads (training/alphabet_policy.py)
+INIT_ALPHABETS = ("new", "union")
 
 
 def resumable(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
@@ -181,6 +183,11 @@ class TrainConfig:
     # weights and BatchNorm statistics held as the start had them (models: every architecture's `backbone`),
     # so that the new head's first, large gradients do not reach the features the start learned.
     freeze_backbone_steps: int = 0
+    # The alphabet of a run started from init_from, one of INIT_ALPHABETS. new: data.alphabet's characters, the
+    # checkpoint's rows moved to them by character, the rest dropped; union: the checkpoint's alphabet (less its
+    # capitals under data.fold_case), then the characters of data.alphabet it lacks. A resume reads it from the
+    # run's own checkpoint.
+    init_alphabet: str = resumable("new")
     max_nonfinite_steps: int = resumable(20)  # consecutive steps skipped for a NaN/inf gradient before the run stops
     # The sanity check of a recipe that does not learn: train on the first N batches, unaugmented, until the
     # model reads them all or max_steps, and exit 0 or 1 (training/overfit.py); 0: train as usual
@@ -280,6 +287,7 @@ def check_choices(config: Config) -> None:
         "train.precision": (config.train.precision, PRECISIONS),
         "data.augment": (config.data.augment, LEVELS),
         "data.unknown_characters": (config.data.unknown_characters, UNKNOWN_CHARACTERS),
+        "train.init_alphabet": (config.train.init_alphabet, INIT_ALPHABETS),
     }
     for key, (value, allowed) in choices.items():
         problem = not_one_of(key, value, allowed)

@@ -17,13 +17,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from data.alphabet import load_alphabet
 from data.codec import CTCCodec
 from data.label_index import index_cache_dir
 from data.lmdb_dataset import LmdbDataset
 from data.loaders import build_eval_loader, build_train_loader
 from data.transforms import ImageTransform, Preprocessing, build_device_transform, build_transform
 from models import count_parameters, model_from_config, output_frames
+from training.alphabet_policy import run_alphabet
 from training.checkpoint import check_config, load_checkpoint, load_initial_weights
 from training.config import Config, ConfigError, config_warnings, to_dict
 from training.log_window import LogWindow
@@ -80,7 +80,7 @@ def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module
     (run.setup.model, wrapped by wrap_for_training); the loaders of data.val, then data.retain."""
     resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
-    setup = build_setup(config, env, log.info, resume_from[1].get("precision") if resume_from else None)
+    setup = build_setup(config, env, log.info, resume_from)
     state = TrainState(window=LogWindow(env.device), end=config.train.max_steps)
     run = Run(config=config, env=env, setup=setup, state=state)
     if resume_from:
@@ -115,13 +115,14 @@ def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> Checkpo
 
 
 def build_setup(
-    config: Config, env: DistEnv, log: Callable[[str], None] = print, recorded_precision: str | None = None
+    config: Config, env: DistEnv, log: Callable[[str], None] = print, resume_from: Checkpoint | None = None
 ) -> Setup:
-    """Everything the run trains with. `recorded_precision`: the one a resumed run measured at its start,
-    kept under `auto` so that the run goes on as it began."""
+    """Everything the run trains with. `resume_from`: the checkpoint a resumed run continues, whose alphabet
+    a union run reads again (training/alphabet_policy.py) and whose precision, measured at the run's start,
+    is kept under `auto` so that the run goes on as it began."""
     torch.manual_seed(config.train.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     data = config.data
-    codec = CTCCodec(load_alphabet(data.alphabet), fold_case=data.fold_case)
+    codec = CTCCodec(run_alphabet(config, resume_from), fold_case=data.fold_case)
     model, frames = model_and_frames(config, codec, env)
     preprocessing = Preprocessing.from_config(config)  # the datasets' and every checkpoint's: one record
     train_sets, val_sets, retain_sets = open_datasets(config, preprocessing, codec, frames)
@@ -131,6 +132,7 @@ def build_setup(
     )
     memory_format = torch.channels_last if config.train.channels_last else torch.contiguous_format
     model.to(env.device, memory_format=memory_format)
+    recorded_precision = resume_from[1].get("precision") if resume_from else None
     precision = training_precision(config, env, model, memory_format, log, recorded_precision)
     optimizer, scheduler = build_optimizer(config.optim, config.train.max_steps, model)
     # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 and fp32 do not.
