@@ -14,6 +14,8 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     preprocessing   data.transforms.Preprocessing as a dict: what turns an image into the input
     world_size, versions
     imported_from   only in a checkpoint scripts/import_weights.py made: the source's format and file name
+    provenance      what it was trained on (data/provenance.py's run record: each dataset's meta.json, and
+                    a fine-tune's start checkpoint's own record); absent in older and imported checkpoints
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
     plan            train.max_minutes's plan (training/time_budget.py's Plan as a dict), or None
@@ -36,6 +38,7 @@ from torch import nn
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec
+from data.provenance import is_record
 from data.transforms import Preprocessing, PreprocessingError, oversized
 from models import model_from_config
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
@@ -90,9 +93,10 @@ def weights_checkpoint(
     accuracy: float | None,
     world_size: int,
     precision: str = "fp32",
+    provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
-    what the run trained in (train.precision, with `auto` resolved)."""
+    what the run trained in (train.precision, with `auto` resolved); `provenance`: what it was trained on."""
     return {
         "format": FORMAT,
         "model": model.state_dict(),
@@ -104,6 +108,7 @@ def weights_checkpoint(
         "world_size": world_size,
         "precision": precision,
         "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]},
+        **({"provenance": provenance} if provenance is not None else {}),
     }
 
 
@@ -258,6 +263,7 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         for name in ("config", "preprocessing", "versions", "imported_from", "optimizer", "scheduler", "scaler")
     },
     "log_window": (lambda value: isinstance(value, dict), "a mapping"),
+    "provenance": (is_record, "a provenance record (its datasets, and what training started from)"),
 }
 
 

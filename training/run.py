@@ -68,6 +68,7 @@ class Run:
     env: DistEnv
     setup: Setup
     state: TrainState
+    provenance: dict[str, Any] | None = None  # what it trains on (data/provenance.py), in every checkpoint
 
     def weights(self, accuracy: float | None) -> dict[str, Any]:
         """What best.pt holds: the weights validation scores at this step, and `accuracy`, their score
@@ -82,6 +83,7 @@ class Run:
             accuracy=accuracy,
             world_size=self.env.world_size,
             precision=setup.precision,
+            provenance=self.provenance,
         )
 
     def state_dict(self) -> dict[str, Any]:

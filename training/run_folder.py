@@ -11,6 +11,7 @@ runs/crnn/.lock                   while a run lives: locked (flock) by its rank 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -31,7 +32,8 @@ from utils.run_files import LinkInRunFolder, open_no_follow, refuse_links
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.yaml", *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
+PROVENANCE_FILE = "data_provenance.json"
+RUN_FILES = ("config.yaml", PROVENANCE_FILE, *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what SummaryWriter writes into tensorboard/
 
 
@@ -176,6 +178,12 @@ def write_config(out_dir: str | Path, config: Config) -> None:
     write_text_atomically(
         Path(out_dir) / "config.yaml", yaml.dump(to_dict(config), Dumper=DumperWithoutAliases, sort_keys=False)
     )
+
+
+def write_provenance(out_dir: str | Path, record: dict[str, Any]) -> None:
+    """The run's data_provenance.json: what it trains on (data/provenance.py's run record), as its
+    checkpoints hold it, readable without loading one."""
+    write_text_atomically(Path(out_dir) / PROVENANCE_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
 class DumperWithoutAliases(yaml.SafeDumper):
