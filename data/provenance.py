@@ -145,13 +145,16 @@ def is_record(value: Any) -> bool:
         return False
     datasets_fit = all(
         isinstance(dataset, dict)
+        and isinstance(dataset.get("role"), str)
         and isinstance(dataset.get("path"), str)
         and (dataset.get("meta") is None or isinstance(dataset["meta"], dict))
         for dataset in value["datasets"]
     )
     start = value.get("started_from")
     start_fits = start is None or (
-        isinstance(start, dict) and (start.get("provenance") is None or is_record(start["provenance"]))
+        isinstance(start, dict)
+        and isinstance(start.get("checkpoint"), str)
+        and (start.get("provenance") is None or is_record(start["provenance"]))
     )
     return datasets_fit and start_fits
 

@@ -13,6 +13,7 @@ import torch
 
 from data.provenance import MetaError, read_meta, resumed_record, run_record
 from tests.conftest import one_line_error, read_lmdb, run_command, train_small
+from tests.test_peer_weights import crnn_pytorch_state_dict
 
 STEPS = ("train.max_steps=2", "train.eval_every=2", "train.log_every=2")
 
@@ -147,16 +148,22 @@ def test_eval_and_predict_print_what_the_checkpoint_was_trained_on(checkpoint, s
     assert with_table.stdout.index(line) < with_table.stdout.index("test")
 
 
-def test_a_checkpoint_without_a_record_says_none_is_recorded(checkpoint, tmp_path):
-    imported = torch.load(checkpoint, weights_only=True)
-    del imported["provenance"]
-    imported["imported_from"] = {"format": "easyocr", "file": "english_g2.pth"}
-    torch.save(imported, tmp_path / "imported.pt")
-    torch.save(imported["model"], tmp_path / "bare.pt")
+def test_an_imported_or_bare_checkpoint_says_none_is_recorded_unless_the_import_was_told(checkpoint, tmp_path):
+    torch.save(crnn_pytorch_state_dict(hidden=16, classes=37), tmp_path / "crnn.pth")
+    command = (sys.executable, "scripts/import_weights.py", tmp_path / "crnn.pth")
+    run_command(*command, "--out", tmp_path / "imported.pt", check=True)
+    told = ("--trained-on", "MJSynth, by its authors", "--licence", "research only")
+    run_command(*command, "--out", tmp_path / "told.pt", *told, check=True)
+    torch.save(torch.load(checkpoint, weights_only=True)["model"], tmp_path / "bare.pt")
 
-    for path, said in (("imported.pt", " (imported from english_g2.pth"), ("bare.pt", ": the checkpoint")):
-        shown = run_command(sys.executable, "scripts/predict.py", tmp_path / path, "--provenance", check=True).stdout
-        assert shown.startswith(f"no provenance recorded{said}")
+    def shown(name: str) -> str:
+        return run_command(sys.executable, "scripts/predict.py", tmp_path / name, "--provenance", check=True).stdout
+
+    assert shown("imported.pt").startswith("no provenance recorded (imported from crnn.pth by scripts/import_weights")
+    assert shown("bare.pt").startswith("no provenance recorded: the checkpoint does not say")
+    assert "imported crnn.pth: crnn.pth, samples not given, source MJSynth, by its authors, licence research only" in (
+        shown("told.pt")
+    )
 
 
 def test_a_checkpoint_whose_record_was_edited_is_named(checkpoint, tmp_path):
