@@ -195,6 +195,9 @@ def check_args(args: argparse.Namespace) -> None:
     check_checkpoint_path(args.checkpoint)
     if not args.lmdbs and not args.provenance:
         raise ValueError("no LMDB to evaluate on: give one or more LMDB folders after the checkpoint")
+    outputs = [option for option in ("json", "dump", "errors", "readings") if getattr(args, option) is not None]
+    if not args.lmdbs and outputs:  # --provenance alone evaluates nothing: they would not be written
+        raise ValueError(f"--{outputs[0]} writes an evaluation's results: give the LMDBs to evaluate on")
     for root in args.lmdbs:
         open_lmdb(root).close()  # the dataset's own errors for a missing folder or one that is no LMDB
     real = [os.path.realpath(root) for root in args.lmdbs]

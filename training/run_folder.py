@@ -1,6 +1,7 @@
 """A run folder: its numbered checkpoints, the newest valid one, and the rule that runs never mix.
 
 runs/crnn/config.yaml             the run's configuration
+runs/crnn/data_provenance.json    what it trains on: each dataset's meta.json (data/provenance.py)
 runs/crnn/ckpt-0000250.pt ...     full training state every train.save_every steps; newest K kept
 runs/crnn/last.pt                 the newest of them (a hard link: no second write)
 runs/crnn/best.pt                 the best validation accuracy so far
