@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"--out {args.out} would write over {path}, one of the LMDBs being split: give another --out"
             )
         check_replaceable(path, args.overwrite)
+    records = source_records(args.sources)  # before the scan: a bad meta.json stops the split at once
     samples = labelled_samples(args.sources)
     val_count = held_out_count(len(samples), *args.val)
     shuffled = samples.copy()
@@ -105,7 +106,6 @@ def main(argv: list[str] | None = None) -> None:
     }
     # Both splits are staged and renamed into place together: written one after the other, a crash
     # between them would leave a new val beside an old train that holds some of its samples.
-    records = source_records(args.sources)  # read before anything is written: a bad one stops the split
     with staged_lmdb(splits["val"]) as val_folder, staged_lmdb(splits["train"]) as train_folder:
         written = {}
         for name, folder in (("val", val_folder), ("train", train_folder)):
