@@ -5,13 +5,14 @@
         --alphabet configs/alphabets/latin_greek_cyrillic.txt
     python scripts/inspect_lmdb.py data_lmdb_release/training/ST --fold-case --limit 100000 --decode
 
-Prints num-samples and the keys present, meta.json (where the data came from, docs/data.md), missing keys, histograms of label length and image width and
-height, image formats, labels that are empty or not UTF-8, characters outside `--alphabet` (with
-`--fold-case`, as training with data.fold_case=true sees them), labels holding characters that print
-nothing (U+200B, ...), images that cannot be read (or of a format training does not read), and images
-of several frames (training reads the first). Image sizes come from the file headers, without decoding
-the pixels; `--decode` decodes every image too, which also finds truncated files. `--montage` draws
-`--samples` random samples (fixed `--seed`) with their labels. The LMDB is opened read-only (no lock file is written).
+Prints num-samples and the keys present, meta.json (where the data came from, docs/data.md), missing keys,
+histograms of label length and image width and height, image formats, labels that are empty or not UTF-8,
+characters outside `--alphabet` (with `--fold-case`, as training with data.fold_case=true sees them), labels
+holding characters that print nothing (U+200B, ...), images that cannot be read (or of a format training
+does not read), and images of several frames (training reads the first). Image sizes come from the file
+headers, without decoding the pixels; `--decode` decodes every image too, which also finds truncated files.
+`--montage` draws `--samples` random samples (fixed `--seed`) with their labels. The LMDB is opened read-only
+(no lock file is written).
 """
 
 from __future__ import annotations
