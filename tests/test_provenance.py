@@ -137,6 +137,22 @@ def test_a_resume_keeps_the_record_and_adds_new_datasets(synth, tmp_path):
     assert resumed["started_from"] == {"checkpoint": "start.pt", "provenance": None}
 
 
+def test_a_resumed_run_keeps_its_checkpoints_record(tiny_run, synth, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    last = torch.load(run / "last.pt", weights_only=True)
+    last["provenance"]["datasets"][0]["meta"]["notes"] = "as the run began"
+    (run / "last.pt").unlink()  # a hard link to ckpt-*.pt: replaced, not written through
+    torch.save(last, run / "last.pt")
+
+    resumed = ("train.max_steps=6", "train.eval_every=4", "train.log_every=4", "data.augment=strong")
+    train_small(synth, run, *resumed, "train.tensorboard=true", "train.resume=" + str(run / "last.pt"), check=True)
+
+    record = json.loads((run / "data_provenance.json").read_text())
+    assert record["datasets"][0]["meta"]["notes"] == "as the run began"
+    assert torch.load(run / "ckpt-0000006.pt", weights_only=True)["provenance"] == record
+
+
 def test_eval_and_predict_print_what_the_checkpoint_was_trained_on(checkpoint, synth):
     evaluated = run_command("scripts/eval.sh", checkpoint, "--provenance", env={"PYTHON": sys.executable}, check=True)
     with_table = run_command(sys.executable, "scripts/eval.py", checkpoint, synth / "test", "--provenance", check=True)
