@@ -16,11 +16,13 @@ import socket
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
 from data.lmdb_env import first_index, highest_index, lmdb_for_scan
 from data.lmdb_keys import NUM_SAMPLES, LabelNotUtf8, image_key, label_key, meta_key, read_label
+from data.provenance import write_meta
 from utils.atomic_write import make_folder, remove_empty_folders
 
 SampleRef = tuple[int, int]  # (which source, sample index in it)
@@ -72,10 +74,14 @@ def copied_samples(sources: list[Path], samples: list[SampleRef]) -> Iterator[Sa
 
 
 def write_lmdb(
-    path: str | Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]], overwrite: bool = False
+    path: str | Path,
+    samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]],
+    overwrite: bool = False,
+    meta: dict[str, Any] | None = None,
 ) -> int:
     """Write `(image_bytes, label)` pairs to a new LMDB folder at `path`; return how many. A third
     item, if given, is stored as `meta-%09d` (what made the sample; readers of the format ignore it).
+    `meta`, if given, is the dataset's record (data/provenance.py), written as its meta.json with the count.
 
     The LMDB is built in a temporary folder beside `path` and renamed into place at the end, so a
     crash never leaves a half-written dataset where a good one was. An existing `path` is an error
@@ -84,7 +90,10 @@ def write_lmdb(
     path = Path(path)
     check_replaceable(path, overwrite)
     with staged_lmdb(path) as staging:
-        return fill_lmdb(staging, samples)
+        count = fill_lmdb(staging, samples)
+        if meta is not None:  # staged with the data: a stopped build leaves neither
+            write_meta(staging, {**meta, "samples": count})
+        return count
 
 
 def fill_lmdb(folder: Path, samples: Iterable[tuple[bytes, str] | tuple[bytes, str, bytes]]) -> int:

@@ -13,7 +13,9 @@ holding a character that prints nothing (U+200B ZERO WIDTH SPACE, a control char
 --check-alphabet lists is kept). A label's surrounding whitespace is removed, and each such line is
 listed before anything is written. Images are read in the formats training reads (docs/data.md); one
 of several frames (an animated GIF or PNG, a TIFF of pages) is skipped, as the frame the label
-describes is not guessed.
+describes is not guessed. OUT/meta.json records where the data came from (--source, --licence; "not given"
+where left out), the command and the date: training carries it into the run folder and its checkpoints
+(docs/data.md).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tqdm import tqdm
 from data.alphabet import describe_character, invisible_characters, load_alphabet
 from data.image_formats import FormatNotRead, frame_count
 from data.lmdb_writer import write_lmdb
+from data.provenance import new_meta
 from data.transforms import decode_image
 from utils import cli
 
@@ -202,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--check-alphabet", metavar="SPEC", help="skip labels with characters outside this alphabet (or .txt file)"
     )
+    parser.add_argument("--source", help="where the images and labels came from (a URL or words), for OUT/meta.json")
+    parser.add_argument("--licence", help="the terms the data may be used under, for OUT/meta.json")
     return parser.parse_args(argv)
 
 
@@ -267,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
         report_skipped(skipped)
         sys.exit(f"error: no valid samples in {args.gt}; nothing written to {args.out}")
     progress = tqdm(itertools.chain([first], samples), desc="checked and written", unit="img")
-    written = write_lmdb(args.out, progress, overwrite=args.overwrite)
+    meta = new_meta(args.out.name, args.source, args.licence)
+    written = write_lmdb(args.out, progress, overwrite=args.overwrite, meta=meta)
     report_skipped(skipped)
     total_skipped = sum(len(examples) for examples in skipped.values())
     print(f"wrote {written} samples to {args.out} (skipped {total_skipped})")

@@ -15,7 +15,8 @@ as predict.py does by default (evaluation/long_crops.py); without it they are sq
 Below the table: the accuracy of the most confident 50, 80 and 95 % of the readings of each set, which
 says how far the word confidence can be trusted to pick the readings worth keeping. `--slices` adds each
 set's accuracy by label length, crop shape, case and symbols, and its most frequent character confusions
-(evaluation/slices.py).
+(evaluation/slices.py). `--provenance` first prints what the checkpoint was trained on (the meta.json of each
+dataset, docs/data.md); given no LMDB, only that.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from data.lmdb_dataset import UNKNOWN_CHARACTERS, Batch, CollateBatch, LmdbDatas
 from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key, read_label
 from data.loaders import build_eval_loader
+from data.provenance import trained_on
 from data.transforms import ImageTransform, build_transform, decode_image, image_size
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
@@ -48,12 +50,12 @@ from evaluation.prediction_dump import write_dump
 from evaluation.slices import SliceSample, format_slices, slice_report
 from evaluation.visualize import caption_grid
 from models import output_frames
-from training.checkpoint import check_checkpoint_path, load_model
+from training.checkpoint import check_checkpoint_path, load_checkpoint, load_model
 from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
 from utils.atomic_write import check_writable, write_bytes_atomically, write_text_atomically
-from utils.distributed import DistEnv, cleanup_distributed, gather_objects, setup_distributed
+from utils.distributed import DistEnv, cleanup_distributed, gather_objects, read_env, setup_distributed
 from utils.precision import PRECISIONS
 
 # The benchmark sets as deep-text-recognition-benchmark and parseq name and order them.
@@ -107,7 +109,13 @@ def non_negative_int(text: str) -> int:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
-    parser.add_argument("lmdbs", nargs="+", help="LMDB folders to evaluate on, one table row each")
+    parser.add_argument("lmdbs", nargs="*", help="LMDB folders to evaluate on, one table row each")
+    parser.add_argument(
+        "--provenance",
+        action="store_true",
+        help="first print what the checkpoint was trained on (each dataset's name, samples, source, licence);"
+        " alone, without LMDBs, only that",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument(
         "--config",
@@ -185,6 +193,11 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Fail on what the command line alone shows to be wrong, before a set is evaluated."""
     check_checkpoint_path(args.checkpoint)
+    if not args.lmdbs and not args.provenance:
+        raise ValueError("no LMDB to evaluate on: give one or more LMDB folders after the checkpoint")
+    outputs = [option for option in ("json", "dump", "errors", "readings") if getattr(args, option) is not None]
+    if not args.lmdbs and outputs:  # --provenance alone evaluates nothing: they would not be written
+        raise ValueError(f"--{outputs[0]} writes an evaluation's results: give the LMDBs to evaluate on")
     for root in args.lmdbs:
         open_lmdb(root).close()  # the dataset's own errors for a missing folder or one that is no LMDB
     real = [os.path.realpath(root) for root in args.lmdbs]
@@ -560,6 +573,10 @@ def main() -> None:
     args = parse_args()
     check_args(args)
     config = load_config(args.config, []) if args.config else None
+    if args.provenance and read_env()[0] == 0:
+        print("\n".join(trained_on(load_checkpoint(args.checkpoint))), flush=True)
+    if not args.lmdbs:
+        return
     env = setup_distributed(device_ids=[])
     try:
         reader = load_reader(args, env, config)

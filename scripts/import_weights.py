@@ -11,6 +11,8 @@ None-VGG-BiLSTM-CTC and crnn.pytorch's CRNN from their key layout (interop/peer_
 which it chose. Their files hold no character list: the published models' sets are known by their
 class count; any other needs --alphabet, the characters in the source's class order (the blank, class
 0, not listed). The result then works with eval.sh, predict.py, export.py, and train.init_from.
+`--trained-on TEXT --licence TEXT` record what you know of the weights' origin (eval.sh and predict.py
+--provenance print it); without them the checkpoint says it records none.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from data.alphabet import load_alphabet
+from data.provenance import imported_record
 from data.transforms import Preprocessing
 from interop.peer_weights import (
     FORMATS,
@@ -45,6 +48,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--alphabet", help="the source's characters in class order: a string, or a file with one per line"
     )
+    parser.add_argument(
+        "--trained-on", help="where the weights came from and what they were trained on (a URL or words)"
+    )
+    parser.add_argument("--licence", help="the terms the weights may be used under")
     return parser.parse_args()
 
 
@@ -99,7 +106,12 @@ def main() -> int:
     preprocessing = Preprocessing.from_config(config)
     frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
 
-    imported = weights_checkpoint(model, config, alphabet, preprocessing, step=0, accuracy=None, world_size=1)
+    # What the other project trained on is not in its file: only what the user says of it.
+    said = args.trained_on or args.licence
+    provenance = imported_record(args.source.name, args.trained_on, args.licence) if said else None
+    imported = weights_checkpoint(
+        model, config, alphabet, preprocessing, step=0, accuracy=None, world_size=1, provenance=provenance
+    )
     imported["imported_from"] = {"format": peer.name, "file": args.source.name}
     save_checkpoint(args.out, imported)
 

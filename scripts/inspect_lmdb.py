@@ -5,18 +5,20 @@
         --alphabet configs/alphabets/latin_greek_cyrillic.txt
     python scripts/inspect_lmdb.py data_lmdb_release/training/ST --fold-case --limit 100000 --decode
 
-Prints num-samples and the keys present, missing keys, histograms of label length and image width and
-height, image formats, labels that are empty or not UTF-8, characters outside `--alphabet` (with
-`--fold-case`, as training with data.fold_case=true sees them), labels holding characters that print
-nothing (U+200B, ...), images that cannot be read (or of a format training does not read), and images
-of several frames (training reads the first). Image sizes come from the file headers, without decoding
-the pixels; `--decode` decodes every image too, which also finds truncated files. `--montage` draws
-`--samples` random samples (fixed `--seed`) with their labels. The LMDB is opened read-only (no lock file is written).
+Prints num-samples and the keys present, meta.json (where the data came from, docs/data.md), missing keys,
+histograms of label length and image width and height, image formats, labels that are empty or not UTF-8,
+characters outside `--alphabet` (with `--fold-case`, as training with data.fold_case=true sees them), labels
+holding characters that print nothing (U+200B, ...), images that cannot be read (or of a format training
+does not read), and images of several frames (training reads the first). Image sizes come from the file
+headers, without decoding the pixels; `--decode` decodes every image too, which also finds truncated files.
+`--montage` draws `--samples` random samples (fixed `--seed`) with their labels. The LMDB is opened read-only
+(no lock file is written).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import unicodedata
@@ -34,6 +36,7 @@ from data.codec import CTCCodec, fold_case
 from data.image_formats import FormatNotRead, open_image
 from data.lmdb_env import first_index, highest_index, open_lmdb, read_num_samples
 from data.lmdb_keys import LabelNotUtf8, image_key, read_label
+from data.provenance import MetaError, describe_meta, read_meta
 from data.transforms import decode_image, image_size
 from evaluation.visualize import caption_grid
 from utils import cli
@@ -332,6 +335,22 @@ def print_contents(env: lmdb.Environment, txn: lmdb.Transaction, root: Path) -> 
     return num_samples
 
 
+def print_meta(root: Path) -> None:
+    """The LMDB's meta.json (data/provenance.py): where its data came from, or that it does not say."""
+    try:
+        meta = read_meta(root)
+    except MetaError as error:  # reported, not fatal, as num-samples is
+        print(f"meta.json: {error} (training refuses this LMDB)")
+        return
+    if meta is None:
+        print("meta.json: none (where the data came from is not recorded)")
+        return
+    print(f"meta.json: {describe_meta(meta)}")
+    for name, value in meta.items():
+        if name not in ("name", "samples", "source", "licence", "sources"):
+            print(f"  {name}: {json.dumps(value, ensure_ascii=False)}")
+
+
 def indices_to_scan(txn: lmdb.Transaction, num_samples: int | None, limit: int | None) -> range:
     """The indices training reads (up to the highest key, whatever num-samples says), cut at `limit`;
     printed, with where they disagree with num-samples."""
@@ -373,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with env.begin(buffers=True) as txn:
             num_samples = print_contents(env, txn, args.lmdb)
+            print_meta(args.lmdb)
             indices = indices_to_scan(txn, num_samples, args.limit)
             report = scan(txn, indices, set(alphabet) if alphabet is not None else None, normalize, args.decode)
             print_report(report, alphabet, args.alphabet, args.fold_case, args.decode)

@@ -22,7 +22,8 @@ motion blur, low resolution, noise, JPEG artefacts.
 (`--held-out-fonts`; paper, ruled/squared grid and halftone backgrounds; every fifth photo), so it
 measures how a model reads what it has never seen. Each sample's font and background are stored
 under `meta-%09d`. Every sample is drawn from its own generators, seeded from (seed, split, index):
-a seed gives the same bytes whatever `--workers` is.
+a seed gives the same bytes whatever `--workers` is. Each split's meta.json (docs/data.md) records the
+settings, the word list and the fonts, with their licences where known.
 """
 
 from __future__ import annotations
@@ -36,15 +37,17 @@ from collections import Counter
 from contextlib import nullcontext
 from multiprocessing.pool import Pool
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from data.alphabet import load_alphabet
 from data.lmdb_writer import check_replaceable, write_lmdb
+from data.provenance import new_meta
 from synthetic.backgrounds import package_photos
 from synthetic.fonts import HELD_OUT_FAMILIES, FontPlan, needs_cjk_font
 from synthetic.render import RenderPlan, build_plan, encode_meta, render_sample
-from synthetic.text import WORDS_FILE, check_left_to_right
+from synthetic.text import SCOWL_NOTICE, WORDS_FILE, check_left_to_right
 from utils import cli
 
 DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -72,14 +75,50 @@ def render(task: tuple[int, str, int]) -> tuple[bytes, str, bytes]:
     return sample.image, sample.label, encode_meta(sample.meta)
 
 
-def write_split(out: Path, seed: int, split: str, count: int, pool: Pool | None, overwrite: bool) -> None:
+def write_split(
+    out: Path, seed: int, split: str, count: int, pool: Pool | None, overwrite: bool, meta: dict[str, Any]
+) -> None:
     tasks = ((seed, split, index) for index in range(count))
     # imap keeps sample order, so the LMDB is the same with one worker or many.
     samples = pool.imap(render, tasks, chunksize=64) if pool else map(render, tasks)
     start = time.perf_counter()
-    written = write_lmdb(out, tqdm(samples, total=count, desc=split, unit="img", mininterval=2.0), overwrite=overwrite)
+    progress = tqdm(samples, total=count, desc=split, unit="img", mininterval=2.0)
+    written = write_lmdb(out, progress, overwrite=overwrite, meta=meta)
     seconds = time.perf_counter() - start
     print(f"{split}: wrote {written} samples to {out} in {seconds:.1f} s ({written / max(seconds, 1e-9):.0f} images/s)")
+
+
+def split_meta(args: argparse.Namespace, plan: RenderPlan, split: str, words_file: Path | None) -> dict[str, Any]:
+    """The meta.json of one split: the project's own generated images, and what they were drawn with, each
+    with its licence where the project knows it (a package font's metadata, the shipped word list's notice,
+    scikit-image's public-domain photos); a system font's or a user's file's is for its owner to say."""
+    origins = Counter(coverage.font.origin for coverage in plan.fonts_for(split).coverages)
+    words = (
+        "none (--no-words)"
+        if words_file is None
+        else f"{words_file} (SCOWL, {SCOWL_NOTICE})"
+        if words_file == WORDS_FILE
+        else f"{words_file} (licence not given)"
+    )
+    photos, shipped = plan.styles_for(split)[1], set(package_photos())
+    return new_meta(
+        f"synthetic {split}",
+        "rendered by scripts/make_synthetic.py: no image or label was collected",
+        "the project's generated data (the fonts' and word list's own licences: see generator)",
+        generator={
+            "seed": args.seed,
+            "split": split,
+            "alphabet": plan.fonts.alphabet,
+            "max_length": args.max_length,
+            "words": words,
+            "fonts": [
+                f"{origin}: {count} file(s)" + ("" if "(" in origin else ", licence not given")
+                for origin, count in sorted(origins.items())
+            ],
+            "photos": f"{len(photos)} ({sum(photo in shipped for photo in photos)} scikit-image samples,"
+            " public domain or CC0; the others from --backgrounds, licence not given)",
+        },
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -295,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     with Pool(args.workers, initializer=start_worker, initargs=(plan,)) if args.workers > 1 else nullcontext() as pool:
         use_plan(plan)
         for split, count in counts.items():
-            write_split(args.out / split, args.seed, split, count, pool, args.overwrite)
+            meta = split_meta(args, plan, split, words_file)
+            write_split(args.out / split, args.seed, split, count, pool, args.overwrite, meta)
 
 
 if __name__ == "__main__":

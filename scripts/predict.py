@@ -17,6 +17,8 @@ are still printed, and the exit status is then 1.
 A crop more than 1.5 model input widths long at the model's height (wider than 6:1 for 32 x 128: a long word,
 a short line) is read in overlapping pieces whose output frames are stitched (evaluation/long_crops.py), and
 stderr says how many were; `--no-split` reads them squashed into the model's input, as eval.sh does.
+`--provenance` prints what the checkpoint was trained on (the meta.json of each dataset, docs/data.md): alone
+on stdout, beside readings on stderr.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from PIL import UnidentifiedImageError
 from torch import Tensor
 
 from data.image_files import image_paths
+from data.provenance import trained_on
 from data.transforms import ImageTransform, build_transform
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import read_images
 from evaluation.long_crops import LongCropTransform, PiecewiseModel
-from training.checkpoint import load_model
+from training.checkpoint import load_checkpoint, load_model
 from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
@@ -45,7 +48,13 @@ from utils.precision import PRECISIONS
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint of train.py, or a bare state dict with --config")
-    parser.add_argument("inputs", nargs="+", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
+    parser.add_argument("inputs", nargs="*", metavar="IMAGE|FOLDER|GLOB", help="image files, folders, quoted globs")
+    parser.add_argument(
+        "--provenance",
+        action="store_true",
+        help="print what the checkpoint was trained on (each dataset's name, samples, source, licence): alone, on"
+        " stdout; before readings, on stderr",
+    )
     parser.add_argument(
         "--device",
         default="auto",
@@ -78,6 +87,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.inputs and not args.provenance:
+        parser.error("no image to read: give image files, folders or quoted globs after the checkpoint")
     return args
 
 
@@ -197,6 +208,11 @@ def predict(
 
 def main() -> int:
     args = parse_args()
+    if args.provenance:  # stdout holds only readings: beside them, the record goes to stderr
+        lines = trained_on(load_checkpoint(args.checkpoint))
+        print("\n".join(lines), file=sys.stderr if args.inputs else sys.stdout, flush=True)
+    if not args.inputs:
+        return 0
     paths = image_paths(args.inputs)
     device = resolve_device(args.device)
     config = load_config(args.config, []) if args.config else None

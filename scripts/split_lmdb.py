@@ -7,7 +7,8 @@ seed: the validation set that picks best.pt when you fine-tune on your own real 
 
 writes OUT/train and OUT/val. The samples of all the given LMDBs are pooled, shuffled once with
 `--seed` and the first `--val` of them held out (a count, or a share such as 10%); each split keeps
-the samples in the order they came. Image bytes, labels and any `meta-` keys are copied unchanged.
+the samples in the order they came. Image bytes, labels and any `meta-` keys are copied unchanged; each
+split's meta.json says what it is a split of and carries the sources' meta.json records (docs/data.md).
 The sources are opened read-only, and both splits are built beside their folders and renamed into place
 together at the end: stopped part way, the splits that were there stay as they were.
 """
@@ -18,8 +19,10 @@ import argparse
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from data.lmdb_writer import check_replaceable, copied_samples, fill_lmdb, labelled_samples, staged_lmdb
+from data.provenance import NOT_GIVEN, new_meta, read_meta, write_meta
 from utils import cli
 
 
@@ -47,6 +50,27 @@ def held_out_count(total: int, count: int | None, share: float | None) -> int:
     return held_out
 
 
+def source_records(sources: list[Path]) -> list[dict[str, Any]]:
+    """Each source's meta.json with its path; a source without one is named as such."""
+    return [{"path": str(source), **(read_meta(source) or {"notes": "no meta.json"})} for source in sources]
+
+
+def split_meta(
+    args: argparse.Namespace, split: str, count: int, total: int, records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A split's meta.json: what it is a split of, and the sources' records, whose licences still apply."""
+    licences = sorted({record.get("licence", NOT_GIVEN) for record in records})
+    return {
+        **new_meta(
+            f"{args.out.name}/{split}",
+            f"split of {', '.join(map(str, args.sources))} (seed {args.seed}, {count} of {total} samples)",
+            "; ".join(licences),
+            sources=records,
+        ),
+        "samples": count,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sources", nargs="+", type=Path, help="LMDB folders to pool and split")
@@ -70,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"--out {args.out} would write over {path}, one of the LMDBs being split: give another --out"
             )
         check_replaceable(path, args.overwrite)
+    records = source_records(args.sources)  # before the scan: a bad meta.json stops the split at once
     samples = labelled_samples(args.sources)
     val_count = held_out_count(len(samples), *args.val)
     shuffled = samples.copy()
@@ -82,10 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     # Both splits are staged and renamed into place together: written one after the other, a crash
     # between them would leave a new val beside an old train that holds some of its samples.
     with staged_lmdb(splits["val"]) as val_folder, staged_lmdb(splits["train"]) as train_folder:
-        written = {
-            name: fill_lmdb(folder, copied_samples(args.sources, chosen[name]))
-            for name, folder in (("val", val_folder), ("train", train_folder))
-        }
+        written = {}
+        for name, folder in (("val", val_folder), ("train", train_folder)):
+            written[name] = fill_lmdb(folder, copied_samples(args.sources, chosen[name]))
+            write_meta(folder, split_meta(args, name, written[name], len(samples), records))
     for name in ("val", "train"):
         by_source = Counter(source_number for source_number, _ in chosen[name])
         origins = ", ".join(f"{count} from {args.sources[number]}" for number, count in sorted(by_source.items()))

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-WORDS_FILE = Path(__file__).resolve().parent / "words" / "english.txt"  # SCOWL: synthetic/words/LICENSE-SCOWL.txt
+WORDS_FILE = Path(__file__).resolve().parent / "words" / "english.txt"
+SCOWL_NOTICE = "its copyright and permission notice: synthetic/words/LICENSE-SCOWL.txt"
 # Shares of the three kinds of text, when the alphabet allows each. Single characters come only from
 # short numbers and random strings (0.9 %): a fourth kind drawing them 4 % of the time read IIIT5K's
 # single characters far better and IC15's crops worse, as one or two characters

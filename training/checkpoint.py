@@ -17,6 +17,8 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     start_readings  a fine-tune's (train.init_from): its start's word accuracy on each data.val and data.retain
                     LMDB before the first step, by folder; {} in other runs
     readings        best.pt only: its word accuracy on each of those sets at its step
+    provenance      what it was trained on (data/provenance.py's run record: each dataset's meta.json, and
+                    a fine-tune's start checkpoint's own record); absent in older and imported checkpoints
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
     best_readings   best.pt's readings, for the run's closing report
@@ -40,6 +42,7 @@ from torch import nn
 
 from data.alphabet import load_alphabet
 from data.codec import CTCCodec, fold_case
+from data.provenance import is_record
 from data.transforms import Preprocessing, PreprocessingError, oversized
 from models import model_from_config
 from training.config import Config, ConfigError, config_changes, from_dict, to_dict
@@ -95,9 +98,10 @@ def weights_checkpoint(
     accuracy: float | None,
     world_size: int,
     precision: str = "fp32",
+    provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What best.pt holds: enough to evaluate, predict, export or start another run from. `precision`:
-    what the run trained in (train.precision, with `auto` resolved)."""
+    what the run trained in (train.precision, with `auto` resolved); `provenance`: what it was trained on."""
     return {
         "format": FORMAT,
         "model": model.state_dict(),
@@ -109,6 +113,7 @@ def weights_checkpoint(
         "world_size": world_size,
         "precision": precision,
         "versions": {"torch": str(torch.__version__), "python": sys.version.split()[0]},
+        **({"provenance": provenance} if provenance is not None else {}),
     }
 
 
@@ -271,6 +276,7 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         name: (is_readings, "word accuracies by LMDB folder (a mapping of text to numbers)")
         for name in ("start_readings", "readings", "best_readings")
     },
+    "provenance": (is_record, "a provenance record (its datasets, and what training started from)"),
 }
 
 

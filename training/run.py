@@ -74,6 +74,7 @@ class Run:
     env: DistEnv
     setup: Setup
     state: TrainState
+    provenance: dict[str, Any] | None = None  # what it trains on (data/provenance.py), in every checkpoint
 
     def weights(self, accuracy: float | None) -> dict[str, Any]:
         """What best.pt holds: the weights validation scores at this step, and `accuracy`, their score
@@ -88,6 +89,7 @@ class Run:
             accuracy=accuracy,
             world_size=self.env.world_size,
             precision=setup.precision,
+            provenance=self.provenance,
         )
         return {**checkpoint, "start_readings": self.state.start_readings}
 

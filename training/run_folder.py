@@ -1,6 +1,7 @@
 """A run folder: its numbered checkpoints, the newest valid one, and the rule that runs never mix.
 
 runs/crnn/config.yaml             the run's configuration
+runs/crnn/data_provenance.json    what it trains on: each dataset's meta.json (data/provenance.py)
 runs/crnn/ckpt-0000250.pt ...     full training state every train.save_every steps; newest K kept
 runs/crnn/last.pt                 the newest of them (a hard link: no second write)
 runs/crnn/best.pt                 the best validation accuracy so far
@@ -11,6 +12,7 @@ runs/crnn/.lock                   while a run lives: locked (flock) by its rank 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -31,7 +33,8 @@ from utils.run_files import LinkInRunFolder, open_no_follow, refuse_links
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.pt")
 CHECKPOINT_FILES = ("last.pt", "best.pt")
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.yaml", *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
+PROVENANCE_FILE = "data_provenance.json"
+RUN_FILES = ("config.yaml", PROVENANCE_FILE, *CHECKPOINT_FILES, "metrics.jsonl", "tensorboard")
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # what SummaryWriter writes into tensorboard/
 
 
@@ -176,6 +179,12 @@ def write_config(out_dir: str | Path, config: Config) -> None:
     write_text_atomically(
         Path(out_dir) / "config.yaml", yaml.dump(to_dict(config), Dumper=DumperWithoutAliases, sort_keys=False)
     )
+
+
+def write_provenance(out_dir: str | Path, record: dict[str, Any]) -> None:
+    """The run's data_provenance.json: what it trains on (data/provenance.py's run record), as its
+    checkpoints hold it, readable without loading one."""
+    write_text_atomically(Path(out_dir) / PROVENANCE_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
 
 
 class DumperWithoutAliases(yaml.SafeDumper):

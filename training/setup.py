@@ -21,6 +21,7 @@ from data.codec import CTCCodec
 from data.label_index import index_cache_dir
 from data.lmdb_dataset import LmdbDataset
 from data.loaders import build_eval_loader, build_train_loader
+from data.provenance import resumed_record, run_record
 from data.transforms import ImageTransform, Preprocessing, build_device_transform, build_transform
 from models import count_parameters, model_from_config, output_frames
 from training.alphabet_policy import run_alphabet
@@ -37,6 +38,7 @@ from training.run_folder import (
     lock_run_folder,
     unlock_run_folder,
     write_config,
+    write_provenance,
 )
 from training.run_log import RunLog
 from training.state import TrainState
@@ -79,10 +81,11 @@ def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module
     """The run, resumed or started afresh and described in the log; the model the loop steps
     (run.setup.model, wrapped by wrap_for_training); the loaders of data.val, then data.retain."""
     resume_from = find_resume_checkpoint(config, env, log)  # read before train.overwrite clears the folder
+    provenance = data_provenance(config, resume_from)  # a bad meta.json stops the run before the data is read
     log.info(f"config:\n{yaml.safe_dump(to_dict(config), sort_keys=False)}")
     setup = build_setup(config, env, log.info, resume_from)
     state = TrainState(window=LogWindow(env.device), end=config.train.max_steps)
-    run = Run(config=config, env=env, setup=setup, state=state)
+    run = Run(config=config, env=env, setup=setup, state=state, provenance=provenance)
     if resume_from:
         resume(run, log, *resume_from)
     elif config.train.init_from:
@@ -91,7 +94,7 @@ def start_run(config: Config, env: DistEnv, log: RunLog) -> tuple[Run, nn.Module
             setup.average.load(setup.model.state_dict(), updates=0)
     if not config.train.overwrite:
         keep_best_of_folder(run, log)
-    start_run_folder(config, env, log, resume_from)  # the first write: everything that can fail has run
+    start_run_folder(run, log, resume_from)  # the first write: everything that can fail has run
     val_loaders = build_val_loaders(run, log)
     model = wrap_for_training(setup.model, env, config.train.compile)
     describe_run(run, log)
@@ -112,6 +115,18 @@ def find_resume_checkpoint(config: Config, env: DistEnv, log: RunLog) -> Checkpo
     if not path:
         return None
     return path, found[1] if env.is_main else load_checkpoint(path)
+
+
+def data_provenance(config: Config, resume_from: Checkpoint | None) -> dict[str, Any]:
+    """What the run trains on (data/provenance.py): the meta.json of data.train's and data.val's LMDBs; a
+    resume keeps its checkpoint's record; a fine-tune adds its start checkpoint's own."""
+    record = run_record(config.data.train, config.data.val)
+    if resume_from:
+        return resumed_record(record, resume_from[1].get("provenance"))
+    start = config.train.init_from
+    if not start:
+        return record
+    return run_record(config.data.train, config.data.val, start, load_checkpoint(start).get("provenance"))
 
 
 def build_setup(
@@ -289,15 +304,17 @@ def keep_best_of_folder(run: Run, log: RunLog) -> None:
         state.best_accuracy = kept
 
 
-def start_run_folder(config: Config, env: DistEnv, log: RunLog, resume_from: Checkpoint | None) -> None:
+def start_run_folder(run: Run, log: RunLog, resume_from: Checkpoint | None) -> None:
     """Only now, with the data read and the model built, does the run write to its folder: a start that
     fails leaves nothing there to bind the folder to a config."""
-    if not env.is_main:
+    config = run.config
+    if not run.env.is_main:
         return
     out_dir = Path(config.train.out_dir)  # made by holding_run_folder's lock
     if config.train.overwrite:
         clear_run_folder(out_dir, log.info)
     write_config(out_dir, config)
+    write_provenance(out_dir, run.provenance)
     resumed_step = resume_from[1]["step"] if resume_from else 0
     log.drop_records_after(resumed_step)
     if config.train.tensorboard:
