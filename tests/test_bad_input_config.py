@@ -325,10 +325,17 @@ def test_overrides_may_stand_on_both_sides_of_config(monkeypatch):
     assert args.config == "crnn.yaml" and args.overrides == ["train.max_steps=2", "train.batch_size=8"]
 
 
-@pytest.mark.parametrize("key, roots", [("data.train", "[datasets/a, ./datasets/a/]"), ("data.val", "[v, w, v]")])
+@pytest.mark.parametrize(
+    "key, roots", [("data.train", "[datasets/a, ./datasets/a/]"), ("data.val", "[v, w, v]"), ("data.retain", "[r, r/]")]
+)
 def test_an_lmdb_listed_twice_is_refused(key, roots):
     with pytest.raises(ConfigError, match=rf"{key} lists one LMDB twice: {key}\[0\]="):
         validate(load_config("crnn.yaml", [f"{key}={roots}"]))
+
+
+def test_a_set_both_validated_and_retained_is_refused():
+    with pytest.raises(ConfigError, match="data.retain and data.val both list ./v/: data.val is read at every"):
+        validate(load_config("crnn.yaml", ["data.val=[v]", "data.retain=[w, ./v/]"]))
 
 
 # --- launch: no hang -------------------------------------------------------------------------------

@@ -214,9 +214,9 @@ def refuse_links_in(out_dir: str | Path) -> None:
 
 
 def clear_run_folder(out_dir: str | Path, say: Callable[[str], None] = print) -> list[Path]:
-    """Delete what an earlier run wrote (train.overwrite=true): its checkpoints, config.yaml, metrics.jsonl
-    and TensorBoard event files, never a file of another name (a user's notes, another tool's logs in
-    tensorboard/), which is kept and named through `say`. Returns what was kept."""
+    """Delete what an earlier run wrote (train.overwrite=true): its checkpoints, config.yaml,
+    data_provenance.json, metrics.jsonl and TensorBoard event files, never a file of another name (a user's
+    notes, another tool's logs in tensorboard/), which is kept and named through `say`. Returns what was kept."""
     folder = Path(out_dir)
     refuse_links_in(folder)
     for _, path in numbered_checkpoints(folder):
@@ -239,8 +239,8 @@ def clear_run_folder(out_dir: str | Path, say: Callable[[str], None] = print) ->
     )
     if kept:
         say(
-            f"train.overwrite=true: deleted the earlier run's checkpoints, config.yaml, metrics.jsonl and "
-            f"TensorBoard events in {folder}; kept what this project did not write: "
+            f"train.overwrite=true: deleted the earlier run's checkpoints, config.yaml, data_provenance.json, "
+            f"metrics.jsonl and TensorBoard events in {folder}; kept what this project did not write: "
             + ", ".join(str(path.relative_to(folder)) for path in kept)
         )
     return kept
