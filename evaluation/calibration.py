@@ -65,11 +65,15 @@ class FrameCollector:
     """An `on_batch` for evaluation.evaluate: keeps each greedy reading's frames (greedy_frames) and whether it
     reads its label under `mode`; a sample `mode` leaves out (an empty label) is not kept. `samples` holds
     (key, frames, characters, correct), the key being the LMDB index where the batch has them (scripts/eval.py's),
-    so that shards merge in one order whatever the number of processes."""
+    so that shards merge in one order whatever the number of processes.
 
-    def __init__(self, codec: CTCCodec, mode: str) -> None:
-        self.codec, self.mode = codec, mode
-        self.samples: list[tuple[int, Tensor, Tensor, bool]] = []
+    With `temperature` (the one a calibrated model has folded in), `samples` holds (key, confidence before it,
+    confidence after it, correct) instead: two numbers a reading whatever the alphabet's size, where its frames
+    would take frames x classes (an evaluation of a large set with thousands of classes)."""
+
+    def __init__(self, codec: CTCCodec, mode: str, temperature: float | None = None) -> None:
+        self.codec, self.mode, self.temperature = codec, mode, temperature
+        self.samples: list[tuple] = []
         self.seen = 0  # the key of a sample whose batch has no LMDB indices: its position in the loader
 
     def __call__(self, batch: Batch, readings: list[Reading], logits: Tensor) -> None:
@@ -77,10 +81,17 @@ class FrameCollector:
         greedy = self.codec.decode(logits)
         keys = getattr(batch, "indices", None) or range(self.seen, self.seen + len(greedy))
         self.seen += len(greedy)
+        kept = []
         for key, label, reading, (frames, chars) in zip(keys, batch.labels, greedy, greedy_frames(logits)):
             correct = is_correct(reading.text, label, self.mode, self.codec.alphabet)
             if correct is not None:
-                self.samples.append((key, frames, chars, correct))
+                kept.append((key, frames, chars, correct))
+        if self.temperature is None:
+            self.samples.extend(kept)
+            return
+        readings = join_frames([(frames, chars) for _, frames, chars, _ in kept], [correct for *_, correct in kept])
+        before, after = confidences(readings, 1 / self.temperature).tolist(), confidences(readings).tolist()
+        self.samples.extend((key, *pair, correct) for (key, *_, correct), *pair in zip(kept, before, after))
 
 
 def join_samples(samples: list[tuple[int, Tensor, Tensor, bool]]) -> ReadingFrames:
@@ -173,18 +184,21 @@ def reliability_bins(confidence: Tensor, correct: Tensor, bins: int = ECE_BINS) 
     return table
 
 
-def calibration_report(frames: ReadingFrames, temperature: float) -> dict:
-    """The ECE before and after `temperature`, and the reliability tables of both, of readings of a model
-    whose logits are already divided by it (training.checkpoint.load_model folds it in): the raw confidence is
-    that of the logits multiplied back by it."""
-    before, after = confidences(frames, 1 / temperature), confidences(frames)
+def calibration_report(samples: list[tuple], temperature: float) -> dict:
+    """The ECE before and after `temperature`, and the reliability tables of both, of the (key, confidence
+    before, confidence after, correct) samples of a FrameCollector given that temperature (of any number of
+    collectors and processes: taken in key order)."""
+    ordered = sorted(samples, key=lambda sample: sample[0])
+    before, after, correct = (
+        torch.tensor([sample[part] for sample in ordered], dtype=torch.float64) for part in (1, 2, 3)
+    )
     return {
         "temperature": temperature,
-        "readings": len(frames),
-        "ece_before": expected_calibration_error(before, frames.correct),
-        "ece_after": expected_calibration_error(after, frames.correct),
-        "reliability_before": reliability_bins(before, frames.correct),
-        "reliability_after": reliability_bins(after, frames.correct),
+        "readings": len(ordered),
+        "ece_before": expected_calibration_error(before, correct),
+        "ece_after": expected_calibration_error(after, correct),
+        "reliability_before": reliability_bins(before, correct),
+        "reliability_after": reliability_bins(after, correct),
     }
 
 

@@ -29,7 +29,14 @@ from evaluation.calibration import FrameCollector, calibrate, join_samples
 from evaluation.evaluate import evaluate
 from evaluation.metrics import METRIC_MODES
 from models import output_frames
-from training.checkpoint import check_checkpoint_path, load_checkpoint, load_model, save_checkpoint, with_calibration
+from training.checkpoint import (
+    check_checkpoint_path,
+    check_foldable,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+    with_calibration,
+)
 from utils import cli
 from utils.atomic_write import check_writable
 from utils.distributed import cleanup_distributed, setup_distributed
@@ -60,8 +67,10 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--out {args.out} is inside LMDB {root}; write it elsewhere")
     if args.out.is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file, e.g. --out {args.out / 'calibrated.pt'}")
-    if args.batch_size < 1 or args.workers < 0:
-        raise ValueError("--batch-size must be at least 1 and --workers at least 0")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: give a number of images, 1 or more")
+    if args.workers < 0:
+        raise ValueError(f"--workers {args.workers}: give a number of loader processes, 0 or more")
     check_writable(args.out, f"--out {args.out}")
 
 
@@ -71,6 +80,7 @@ def main() -> int:
     env = setup_distributed(device_ids=[])
     try:
         model, codec, config, preprocessing = load_model(args.checkpoint, env.device, calibrated=False)
+        check_foldable(model, codec.num_classes, preprocessing, args.checkpoint)
         transform = build_transform(config, preprocessing)
         frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
         collectors = []

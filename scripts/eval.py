@@ -42,7 +42,7 @@ from data.lmdb_env import open_lmdb, shared_lmdb
 from data.lmdb_keys import image_key, read_label
 from data.loaders import build_eval_loader
 from data.transforms import ImageTransform, build_transform, decode_image, image_size
-from evaluation.calibration import ECE_BINS, FrameCollector, calibration_report, join_samples
+from evaluation.calibration import ECE_BINS, FrameCollector, calibration_report
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
@@ -421,6 +421,11 @@ class Reader:
     decode: Decoder
     calibration: dict | None  # the checkpoint's temperature and what it was fitted on; None: not calibrated
 
+    @property
+    def temperature(self) -> float:
+        """What the model's logits are divided by (1: not calibrated)."""
+        return self.calibration["temperature"] if self.calibration else 1.0
+
 
 def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -> Reader:
     """The Reader of `args.checkpoint`, at the precision `args.precision` picks on this machine."""
@@ -456,7 +461,7 @@ def evaluate_set(
     """This process's shard of one set: the set's table row and metric counts (both summed over every
     process), (LMDB index, label, reading) records when `keep_predictions`, (LMDB index, confidence,
     correct) of the samples args.metric_mode scores, with --slices every sample for slice_report, and the
-    samples' greedy frames for the calibration error (evaluation.calibration.FrameCollector)."""
+    samples' confidences before and after the temperature (evaluation.calibration.FrameCollector)."""
     dataset = LmdbDataset(
         root,
         reader.codec,
@@ -469,7 +474,7 @@ def evaluate_set(
     records = []  # for --dump, --errors and --readings
     confidences = []  # for the accuracy by confidence
     sliced = []  # with --slices: SliceSamples
-    calibration = FrameCollector(reader.codec, args.metric_mode)
+    calibration = FrameCollector(reader.codec, args.metric_mode, reader.temperature)
 
     def keep(batch: Batch, readings: list[Reading], logits: Tensor) -> None:
         calibration(batch, readings, logits)
@@ -522,10 +527,10 @@ def collect_results(
         row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
     frames = [[sample for shard in calibration_shards for sample in shard[position]] for position in range(len(sets))]
     for row, samples in zip(sets, frames):
-        row["calibration"] = calibration_summary(calibration_report(join_samples(samples), temperature))
+        row["calibration"] = calibration_summary(calibration_report(samples, temperature))
     # The sets' keys (LMDB indices) overlap: each set's position keeps them apart, in the sets' order.
     every = [((position, key), *rest) for position, samples in enumerate(frames) for key, *rest in samples]
-    combined_calibration = calibration_report(join_samples(every), temperature)
+    combined_calibration = calibration_report(every, temperature)
     sliced = {}
     if slice_shards is not None:
         for position, row in enumerate(sets):
@@ -660,7 +665,6 @@ def main() -> None:
         slice_shards = gather_objects(sliced, env.cpu_group) if args.slices else None
         calibration_shards = gather_objects(calibration, env.cpu_group)
         if env.is_main:
-            temperature = reader.calibration["temperature"] if reader.calibration else 1.0
             results = collect_results(
                 args,
                 sets,
@@ -669,7 +673,7 @@ def main() -> None:
                 slice_shards,
                 calibration_shards,
                 reader.codec.alphabet,
-                temperature,
+                reader.temperature,
             )
             report(args, results, shards, seconds, env, reader)
     finally:

@@ -90,7 +90,7 @@ def test_folding_the_temperature_divides_every_architectures_logits(arch, settin
 def test_a_model_whose_hidden_layer_is_as_wide_as_its_classes_is_refused_not_miscalibrated():
     # dtrb_vgg's BiLSTM projection has hidden_size rows: with 16 classes it looks like a classifier too.
     model = build_model("dtrb_vgg", 16, 1, 16, channels=32).eval()
-    with pytest.raises(CheckpointError, match="'temperature' cannot be applied"):
+    with pytest.raises(CheckpointError, match="a temperature cannot be applied to this model"):
         fold_temperature(model, 1.7, 16, SimpleNamespace(channels=1, height=32, width=64), "model.pt")
 
 
@@ -108,6 +108,27 @@ def test_predict_names_a_bad_temperature_in_one_line(checkpoint, synth, tmp_path
     image = write_images(synth, tmp_path / "images", 1)[0]
     result = run_command(sys.executable, REPO / "scripts" / "predict.py", bad, image, cwd=None)
     one_line_error(result, str(bad), "'temperature'")
+
+
+@pytest.mark.parametrize(
+    "problem, fragments",
+    [
+        ("missing LMDB", ("nowhere",)),
+        ("--out a folder", ("--out", "is a folder")),
+        ("--batch-size 0", ("--batch-size 0",)),
+    ],
+)
+def test_calibrate_py_refuses_bad_input_in_one_line(checkpoint, synth, tmp_path, problem, fragments):
+    lmdb, out, options = synth / "val", tmp_path / "calibrated.pt", []
+    if problem == "missing LMDB":
+        lmdb = tmp_path / "nowhere"
+    elif problem == "--out a folder":
+        out = tmp_path
+    else:
+        options = ["--batch-size", "0"]
+    result = run_command(sys.executable, "scripts/calibrate.py", checkpoint, lmdb, "--out", out, *options)
+    one_line_error(result, *fragments)
+    assert not (tmp_path / "calibrated.pt").exists()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from evaluation.calibration import FrameCollector, calibrate, join_samples
 from evaluation.evaluate import evaluate
-from training.checkpoint import load_checkpoint, save_checkpoint, with_calibration
+from training.checkpoint import CheckpointError, check_foldable, load_checkpoint, save_checkpoint, with_calibration
 from training.run import Run
 from training.run_log import RunLog
 from utils.distributed import broadcast_object, gather_objects
@@ -28,8 +28,13 @@ def calibrate_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None
     if run.state.best_accuracy < 0:  # the same on every rank: no validation has written best.pt
         log.info("not calibrated: no best.pt yet (train.calibrate)")
         return
-    best = load_checkpoint(path) if env.is_main else None
     model = setup.evaluated_model
+    try:
+        check_foldable(model, setup.codec.num_classes, setup.preprocessing, path)
+    except CheckpointError as error:  # the same on every rank: the same architecture
+        log.info(f"not calibrated (train.calibrate): {error}")
+        return
+    best = load_checkpoint(path) if env.is_main else None
     model.load_state_dict(broadcast_object(best["model"] if best else None, env.cpu_group))
     collector = FrameCollector(setup.codec, METRIC_MODE)
     for loader in val_loaders:

@@ -26,6 +26,7 @@ and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 import sys
@@ -425,9 +426,16 @@ def fold_temperature(
         if torch.allclose(model(images), expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max())):
             return
     raise CheckpointError(
-        f"{path}: its 'temperature' cannot be applied to this model: its output is not the sum of linear layers "
-        f"onto the classes ({', '.join(modules) or 'none found'}); remove the field, or calibrate another architecture"
+        f"{path}: a temperature cannot be applied to this model: its output is not the sum of linear layers onto "
+        f"the classes ({', '.join(modules) or 'none found'}); use its confidence uncalibrated (a calibrated file: "
+        f"remove its 'temperature')"
     )
+
+
+def check_foldable(model: nn.Module, num_classes: int, preprocessing: Preprocessing, path: str | Path) -> None:
+    """fold_temperature's refusal, if it would refuse, before a temperature is fitted and written: a checkpoint
+    written with one would no longer load."""
+    fold_temperature(copy.deepcopy(model).cpu(), 2.0, num_classes, preprocessing, path)
 
 
 def with_calibration(checkpoint: dict[str, Any], temperature: float, record: dict[str, Any]) -> dict[str, Any]:
