@@ -25,6 +25,7 @@ from evaluation.evaluate import decode_samples, evaluate
 from evaluation.metrics import summarize
 from evaluation.visualize import caption_grid
 from models.losses import ctc_losses
+from training.calibration import calibrate_best
 from training.checkpoint import check_savable, save_checkpoint
 from training.config import Config, ConfigError, ConfigFileOption, load_config, validate
 from training.forgetting import backbone_frozen, start_against_best
@@ -114,6 +115,8 @@ def train(config: Config, env: DistEnv, stop: StopSignal) -> int:
             if config.train.overfit_batches:  # the sanity check instead of the run
                 return overfit_check(run, model, log, stop, train_on)
             train_loop(run, model, val_loaders, log, stop)
+            if config.train.calibrate:
+                calibrate_best(run, val_loaders, log)
         finally:
             log.close()  # flushes TensorBoard, also when stopped by a signal
     report = start_against_best(run.state, config.data, config.train.init_from)

@@ -53,16 +53,16 @@ def evaluate(
     env: DistEnv,
     precision: str,
     channels_last: bool = False,
-    on_batch: Callable[[Batch, list[Reading]], None] | None = None,
+    on_batch: Callable[[Batch, list[Reading], Tensor], None] | None = None,
     decode: Decoder | None = None,
 ) -> dict[str, int]:
     """Metric sums over the whole dataset behind `loader`, identical on every rank.
 
     `model` must be the unwrapped module: a forward through DDP would start collectives that ranks
     with shards of different lengths cannot all join. Undecodable images are counted in `dropped`.
-    `on_batch(batch, readings)`, if given, sees this rank's readings batch by batch (scripts/eval.py keeps
-    them for --dump, --errors and the accuracy by confidence). `decode` is greedy by default
-    (evaluation/decoders.py).
+    `on_batch(batch, readings, logits)`, if given, sees this rank's readings and logits `[B, T, C]` batch by
+    batch (scripts/eval.py keeps them for --dump, --errors, the accuracy by confidence and the calibration error).
+    `decode` is greedy by default (evaluation/decoders.py).
     """
     decode = decode or codec.decode
     was_training = model.training
@@ -89,7 +89,7 @@ def evaluate(
             codec.alphabet,
         )
         if on_batch is not None:
-            on_batch(batch, readings)
+            on_batch(batch, readings, logits)
     model.train(was_training)
     totals = counts_to_tensor(counts)
     totals = all_reduce_sum(torch.cat([totals, torch.tensor([dropped])]))

@@ -16,7 +16,10 @@ Below the table: the accuracy of the most confident 50, 80 and 95 % of the readi
 says how far the word confidence can be trusted to pick the readings worth keeping. `--slices` adds each
 set's accuracy by label length, crop shape, case and symbols, and its most frequent character confusions
 (evaluation/slices.py). `--provenance` first prints what the checkpoint was trained on (the meta.json of each
-dataset, docs/data.md); given no LMDB, only that.
+dataset, docs/data.md); given no LMDB, only that. Under the table: the expected calibration error of the word
+confidence before and after the checkpoint's temperature (scripts/calibrate.py; an uncalibrated checkpoint's is
+its raw confidence's), also in --json under `calibration`; `--reliability PATH.png` draws the combined readings'
+reliability diagram.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from data.codec import CTCCodec, Reading
@@ -42,15 +45,17 @@ from data.lmdb_keys import image_key, read_label
 from data.loaders import build_eval_loader
 from data.provenance import trained_on
 from data.transforms import ImageTransform, build_transform, decode_image, image_size
+from evaluation.calibration import ECE_BINS, FrameCollector, calibration_report
 from evaluation.decoders import Decoder, add_decoder_options, build_decoder
 from evaluation.evaluate import evaluate
 from evaluation.long_crops import LongCropTransform, PiecewiseModel, split_long_samples
 from evaluation.metrics import COUNT_KEYS, METRIC_MODES, is_correct, new_counts, summarize
 from evaluation.prediction_dump import write_dump
+from evaluation.reliability import reliability_diagram
 from evaluation.slices import SliceSample, format_slices, slice_report
 from evaluation.visualize import caption_grid
 from models import output_frames
-from training.checkpoint import check_checkpoint_path, load_checkpoint, load_model
+from training.checkpoint import check_checkpoint_path, load_checkpoint, load_model, read_calibration
 from training.config import Config, ConfigFileOption, load_config
 from training.precision_choice import choose_precision, inference_shape
 from utils import cli
@@ -158,6 +163,12 @@ def add_scoring_options(parser: argparse.ArgumentParser) -> None:
         help=f"images of each set in --readings (default {READINGS_COUNT})",
     )
     parser.add_argument(
+        "--reliability",
+        type=Path,
+        metavar="PATH.png",
+        help="draw the reliability diagram of the combined readings, before and after the checkpoint's temperature",
+    )
+    parser.add_argument(
         "--slices",
         action="store_true",
         help="also print (and write to --json) the accuracy by label length, crop shape, case and symbols, and"
@@ -205,7 +216,11 @@ def check_args(args: argparse.Namespace) -> None:
         if real.count(os.path.realpath(root)) > 1:
             raise ValueError(f"LMDB {root} is listed twice")
     check_outputs(args)
-    pictures = (("--errors", args.errors, args.errors_count), ("--readings", args.readings, args.readings_count))
+    pictures = (
+        ("--errors", args.errors, args.errors_count),
+        ("--readings", args.readings, args.readings_count),
+        ("--reliability", args.reliability, None),
+    )
     for option, path, count in pictures:
         if path is not None and path.suffix.lower() != ".png":
             raise ValueError(f"{option} {path}: the grid is written as a PNG image; give a path ending in .png")
@@ -220,7 +235,13 @@ def check_args(args: argparse.Namespace) -> None:
 def check_outputs(args: argparse.Namespace) -> None:
     """The files written after the evaluation can be written, and replace none of its inputs nor each other:
     found out now, not after minutes of evaluating."""
-    named = (("--json", args.json), ("--dump", args.dump), ("--errors", args.errors), ("--readings", args.readings))
+    named = (
+        ("--json", args.json),
+        ("--dump", args.dump),
+        ("--errors", args.errors),
+        ("--readings", args.readings),
+        ("--reliability", args.reliability),
+    )
     outputs = {option: path for option, path in named if path is not None}
     inputs = {os.path.realpath(args.checkpoint): "the checkpoint"}
     inputs.update((os.path.realpath(root), f"LMDB {root}") for root in args.lmdbs)
@@ -412,6 +433,12 @@ class Reader:
     frames: int  # the model's output frames at its input width
     precision: str
     decode: Decoder
+    calibration: dict | None  # the checkpoint's temperature and what it was fitted on; None: not calibrated
+
+    @property
+    def temperature(self) -> float:
+        """What the model's logits are divided by (1: not calibrated)."""
+        return self.calibration["temperature"] if self.calibration else 1.0
 
 
 def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -> Reader:
@@ -433,7 +460,7 @@ def load_reader(args: argparse.Namespace, env: DistEnv, config: Config | None) -
     reader = PiecewiseModel(model, preprocessing) if args.split_long else model  # the model itself up to its width
     frames = output_frames(model, preprocessing.channels, preprocessing.height, preprocessing.width)
     decode = build_decoder(args.decoder, codec, args.lexicon, args.beam_size)
-    return Reader(reader, codec, transform, long_crops, frames, precision, decode)
+    return Reader(reader, codec, transform, long_crops, frames, precision, decode, read_calibration(args.checkpoint))
 
 
 def evaluate_set(
@@ -444,10 +471,11 @@ def evaluate_set(
     env: DistEnv,
     index_cache: Path | None,
     keep_predictions: bool,
-) -> tuple[dict, dict[str, int], list, list, list[SliceSample]]:
+) -> tuple[dict, dict[str, int], list, list, list[SliceSample], list]:
     """This process's shard of one set: the set's table row and metric counts (both summed over every
     process), (LMDB index, label, reading) records when `keep_predictions`, (LMDB index, confidence,
-    correct) of the samples args.metric_mode scores, and with --slices every sample for slice_report."""
+    correct) of the samples args.metric_mode scores, with --slices every sample for slice_report, and the
+    samples' confidences before and after the temperature (evaluation.calibration.FrameCollector)."""
     dataset = LmdbDataset(
         root,
         reader.codec,
@@ -460,8 +488,10 @@ def evaluate_set(
     records = []  # for --dump, --errors and --readings
     confidences = []  # for the accuracy by confidence
     sliced = []  # with --slices: SliceSamples
+    calibration = FrameCollector(reader.codec, args.metric_mode, reader.temperature)
 
-    def keep(batch: Batch, readings: list[Reading]) -> None:
+    def keep(batch: Batch, readings: list[Reading], logits: Tensor) -> None:
+        calibration(batch, readings, logits)
         for index, label, reading in zip(batch.indices, batch.labels, readings):
             correct = is_correct(reading.text, label, args.metric_mode, reader.codec.alphabet)
             if correct is not None:
@@ -487,7 +517,7 @@ def evaluate_set(
         "undecodable_images": counts["dropped"],
         "read_in_pieces": in_pieces,
     }
-    return row, counts, records, confidences, sliced
+    return row, counts, records, confidences, sliced, calibration.samples
 
 
 def collect_results(
@@ -496,7 +526,9 @@ def collect_results(
     combined: dict[str, int],
     scored_shards: list[list[list[tuple]]],
     slice_shards: list[list[list[SliceSample]]] | None,
+    calibration_shards: list[list[list[tuple]]],
     alphabet: str,
+    temperature: float,
 ) -> dict:
     """What --json writes: each set's row and the combined one, with the accuracy of the most confident
     readings of every process, taken in LMDB-index order, and with --slices the slices of every process's
@@ -507,6 +539,12 @@ def collect_results(
     ]
     for row, pairs in zip(sets, by_set):
         row["accuracy_by_confidence"] = accuracy_by_confidence([pair[1:] for pair in pairs])
+    frames = [[sample for shard in calibration_shards for sample in shard[position]] for position in range(len(sets))]
+    for row, samples in zip(sets, frames):
+        row["calibration"] = calibration_summary(calibration_report(samples, temperature))
+    # The sets' keys (LMDB indices) overlap: each set's position keeps them apart, in the sets' order.
+    every = [((position, key), *rest) for position, samples in enumerate(frames) for key, *rest in samples]
+    combined_calibration = calibration_report(every, temperature)
     sliced = {}
     if slice_shards is not None:
         for position, row in enumerate(sets):
@@ -524,9 +562,45 @@ def collect_results(
             **summarize(combined, args.metric_mode),
             "in_lmdb": sum(row["in_lmdb"] for row in sets),
             "accuracy_by_confidence": accuracy_by_confidence([pair[1:] for pairs in by_set for pair in pairs]),
+            "calibration": combined_calibration,
             **sliced,
         },
     }
+
+
+def calibration_summary(report: dict) -> dict:
+    """A set's calibration figures for its row: the ECE before and after, without the reliability tables."""
+    return {key: value for key, value in report.items() if not key.startswith("reliability")}
+
+
+def print_calibration(sets: list[dict], combined: dict, mode: str, calibration: dict | None) -> None:
+    """The expected calibration error of each set and the combined readings, before and after the temperature."""
+    fitted = (
+        f"temperature {calibration['temperature']:.3f}, fitted on {calibration.get('readings', '?')} readings of "
+        f"{', '.join(Path(root).name for root in calibration.get('fitted_on', [])) or 'unrecorded sets'}"
+        if calibration
+        else "not calibrated: before and after are the raw confidence's (scripts/calibrate.py fits a temperature)"
+    )
+    print(f"\nexpected calibration error % of the word confidence ({ECE_BINS} equal bins), under {mode}; {fitted}")
+    width = max(len(COMBINED), *(len(row["name"]) for row in sets))
+    print(f"{'set':<{width}} {'before':>8} {'after':>8}")
+    for row in [*sets, {**combined, "name": COMBINED}]:
+        figures = row["calibration"]
+        print(f"{row['name']:<{width}} {100 * figures['ece_before']:>8.2f} {100 * figures['ece_after']:>8.2f}")
+
+
+def draw_reliability(path: Path, calibration: dict) -> None:
+    """The combined readings' reliability diagram, before and after the temperature, as a PNG."""
+    panels = [
+        (f"before: ECE {100 * calibration['ece_before']:.2f} %", calibration["reliability_before"]),
+        (
+            f"after (T {calibration['temperature']:.3f}): ECE {100 * calibration['ece_after']:.2f} %",
+            calibration["reliability_after"],
+        ),
+    ]
+    png = io.BytesIO()
+    reliability_diagram(panels).save(png, format="PNG")
+    write_bytes_atomically(path, png.getvalue())
 
 
 def report(
@@ -540,6 +614,7 @@ def report(
     """Rank 0's part: the table, and the files asked for from every process's `shards` of predictions."""
     sets, combined = results["sets"], results["combined"]
     print_table(sets, combined, args.metric_mode, args.decoder)
+    print_calibration(sets, combined, args.metric_mode, reader.calibration)
     print(f"{combined['samples'] / seconds:.0f} images/s on {env.world_size} process(es), {env.device.type}")
     if reader.long_crops is not None:
         print(
@@ -565,6 +640,9 @@ def report(
             args.readings, sets, merged, args.metric_mode, reader.codec.alphabet, args.readings_count
         )
         print(f"{shown} readings: {args.readings}")
+    if args.reliability:
+        draw_reliability(args.reliability, combined["calibration"])
+        print(f"reliability diagram: {args.reliability}")
     if args.json:
         write_text_atomically(args.json, json.dumps(results, indent=2) + "\n")
 
@@ -584,11 +662,11 @@ def main() -> None:
         keep_predictions = any(
             path is not None for path in (args.dump, args.errors, args.readings)
         )  # they can be large
-        sets, combined, predictions, scored, sliced = [], new_counts(), [], [], []
+        sets, combined, predictions, scored, sliced, calibration = [], new_counts(), [], [], [], []
         index_cache = index_cache_dir(args.index_cache)
         start = time.perf_counter()
         for name, root in roots:
-            row, counts, records, confidences, samples = evaluate_set(
+            row, counts, records, confidences, samples, frames = evaluate_set(
                 name, root, reader, args, env, index_cache, keep_predictions
             )
             for key in COUNT_KEYS:
@@ -597,13 +675,24 @@ def main() -> None:
             predictions.append(records)
             scored.append(confidences)
             sliced.append(samples)
+            calibration.append(frames)
         seconds = time.perf_counter() - start
         # Every process's predictions on rank 0, merged into LMDB-index order: the same file for any NPROC.
         shards = gather_objects(predictions, env.cpu_group) if keep_predictions else None
         scored_shards = gather_objects(scored, env.cpu_group)
         slice_shards = gather_objects(sliced, env.cpu_group) if args.slices else None
+        calibration_shards = gather_objects(calibration, env.cpu_group)
         if env.is_main:
-            results = collect_results(args, sets, combined, scored_shards, slice_shards, reader.codec.alphabet)
+            results = collect_results(
+                args,
+                sets,
+                combined,
+                scored_shards,
+                slice_shards,
+                calibration_shards,
+                reader.codec.alphabet,
+                reader.temperature,
+            )
             report(args, results, shards, seconds, env, reader)
     finally:
         cleanup_distributed()

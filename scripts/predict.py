@@ -11,9 +11,10 @@ as eval.sh does, and images of one width are read together, so --batch-size neve
 folder means the image files directly in it, sorted; a quoted glob is expanded here (`**` recurses).
 `char_probs` holds each character's probability, space-separated (the highest in the frames that
 emitted it); the word's confidence is their product, length-adjusted as EasyOCR does (prod ** (2 / sqrt(n))),
-and 0 for an empty text (data.codec.word_confidence; docs/evaluation.md measures it). `--decoder beam|lexicon`
-reads with evaluation/decoders.py. An image that cannot be decoded is named on stderr and skipped; the others
-are still printed, and the exit status is then 1.
+and 0 for an empty text (data.codec.word_confidence; docs/evaluation.md measures it); calibrated where the
+checkpoint holds a temperature (train.calibrate, scripts/calibrate.py), which load_model folds into the model.
+`--decoder beam|lexicon` reads with evaluation/decoders.py. An image that cannot be decoded is named on stderr
+and skipped; the others are still printed, and the exit status is then 1.
 A crop more than 1.5 model input widths long at the model's height (wider than 6:1 for 32 x 128: a long word,
 a short line) is read in overlapping pieces whose output frames are stitched (evaluation/long_crops.py), and
 stderr says how many were; `--no-split` reads them squashed into the model's input, as eval.sh does.

@@ -123,6 +123,14 @@ def small_training(synth: Path, out_dir: Path, config: str = "crnn.yaml") -> tup
     )
 
 
+def calibration_errors(results: dict) -> list[float]:
+    """The ECE before and after of each row of eval.sh's --json, each row's `calibration` popped: they are sums of
+    confidences, which carry float noise in their last digits between batch sizes and process counts, so a test
+    compares them approximately and the rest exactly."""
+    popped = [row.pop("calibration") for row in [*results["sets"], results["combined"]]]
+    return [figures[key] for figures in popped for key in ("ece_before", "ece_after")]
+
+
 def read_lmdb(path: Path) -> list[tuple[bytes, str]]:
     """Every (image bytes, label) of an LMDB, in index order (also where a test's dataset holds it open)."""
     from data.lmdb_env import lmdb_for_scan

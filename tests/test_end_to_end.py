@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from data.lmdb_writer import write_lmdb
-from tests.conftest import REPO, SMALL_RUN, TORCHRUN_TWO, run_command, train_small
+from tests.conftest import REPO, SMALL_RUN, TORCHRUN_TWO, calibration_errors, run_command, train_small
 from utils.precision import cpu_has_native_bf16
 
 pytestmark = pytest.mark.slow  # starts real processes: `pytest -m "not slow"` skips it
@@ -151,7 +151,7 @@ def test_eval_sh_gives_the_same_numbers_for_one_and_two_processes(ddp_run, synth
     for nproc, result in results.items():
         noisy[nproc] = [
             row.pop(key) for row in [*result["sets"], result["combined"]] for key in ("mean_confidence", "loss")
-        ]
+        ] + calibration_errors(result)
     assert noisy[1] == pytest.approx(noisy[2], rel=1e-5)
     assert results[1] == results[2]
     sets = {row["name"]: row for row in results[1]["sets"]}

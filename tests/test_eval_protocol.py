@@ -18,7 +18,7 @@ from data.lmdb_writer import write_lmdb
 from data.transforms import build_transform
 from evaluation.metrics import compared_form, new_counts, summarize, update_counts
 from evaluation.visualize import COLUMNS, IMAGE_BOX, LINE_HEIGHT, PAD
-from tests.conftest import ALPHABET, read_lmdb, run_command
+from tests.conftest import ALPHABET, calibration_errors, read_lmdb, run_command
 from training.checkpoint import load_model
 
 # Metric modes on hand-made examples ---------------------------------------------------------------
@@ -254,6 +254,7 @@ def test_results_are_the_same_for_any_batch_size_and_process_count(results):
     for nproc, result in results.items():
         data = result["json"]
         noisy = [row.pop(key) for row in [*data["sets"], data["combined"]] for key in ("mean_confidence", "loss")]
+        noisy += calibration_errors(data)
         tables[nproc] = (data, noisy)
     assert tables[1][1] == pytest.approx(tables[2][1], rel=1e-5)
     assert tables[1][0] == tables[2][0]

@@ -107,7 +107,10 @@ def test_eval_results_do_not_depend_on_batching_and_match_one_image_at_a_time(ke
         assert "images/s" in result.stdout
         dumps.append(dump.read_text().splitlines())
         table = json.loads(json_path.read_text())["combined"]
-        tables.append({key: value for key, value in table.items() if key not in ("loss", "mean_confidence")})
+        # float noise in their last digits (metrics.summarize; the confidences behind the calibration error)
+        tables.append(
+            {key: value for key, value in table.items() if key not in ("loss", "mean_confidence", "calibration")}
+        )
     assert dumps[0] == dumps[1] and tables[0] == tables[1]
 
     # Each image alone, at its own padded width, reads as it did inside its batch.

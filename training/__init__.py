@@ -6,4 +6,5 @@ ranks (log_window.py), the state the loop changes (state.py), the run as one obj
 included, that saves and resumes in one call each (run.py), and train.max_minutes: its arithmetic
 (time_budget.py) and the one object the loop calls (time_limit.py); the moving average of the weights
 (weight_average.py) and precision auto's timing of fp32 against bf16 (precision_choice.py). The loop
-itself is train.py; the check train.overfit_batches runs instead of it is overfit.py."""
+itself is train.py; the check train.overfit_batches runs instead of it is overfit.py; train.calibrate's fit of
+best.pt's temperature at the end is calibration.py."""

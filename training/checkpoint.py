@@ -19,6 +19,9 @@ A checkpoint is a dict of tensors and plain Python values, read on any device wi
     readings        best.pt only: its word accuracy on each of those sets at its step
     provenance      what it was trained on (data/provenance.py's run record: each dataset's meta.json, and
                     a fine-tune's start checkpoint's own record); absent in older and imported checkpoints
+    temperature     only in a calibrated checkpoint: what load_model divides the logits by (evaluation/calibration.py);
+                    `model` keeps the raw weights
+    calibration     beside it: what it was fitted on (sets, readings, metric mode, ECE before and after)
 and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
     optimizer, scheduler, scaler, best_accuracy, log_window, rng (one state per rank), data_sizes
     best_readings   best.pt's readings, for the run's closing report
@@ -29,6 +32,7 @@ and in training checkpoints (ckpt-*.pt, last.pt) what an exact resume needs:
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 import sys
@@ -277,6 +281,8 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         for name in ("start_readings", "readings", "best_readings")
     },
     "provenance": (is_record, "a provenance record (its datasets, and what training started from)"),
+    "temperature": (lambda value: is_number(value) and value > 0, "a temperature (a positive number)"),
+    "calibration": (lambda value: isinstance(value, dict), "a mapping"),
 }
 
 
@@ -363,12 +369,14 @@ def optimizer_moments(optimizer: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def load_model(
-    path: str | Path, device: str | torch.device = "cpu", config: Config | None = None
+    path: str | Path, device: str | torch.device = "cpu", config: Config | None = None, calibrated: bool = True
 ) -> tuple[nn.Module, CTCCodec, Config, Preprocessing]:
     """A model ready for inference on `device`, its codec, config and preprocessing, from one file.
 
     The architecture, alphabet and preprocessing come from the checkpoint; a bare state dict needs
-    `config`, whose data section then describes the preprocessing.
+    `config`, whose data section then describes the preprocessing. A calibrated checkpoint's temperature
+    is folded into the classifier (fold_temperature), so that eval, predict and the exports read calibrated
+    confidences; `calibrated=False` gives the raw weights (scripts/calibrate.py fits on them).
     """
     checkpoint = load_checkpoint(path, map_location=device)
     if "config" in checkpoint:
@@ -399,7 +407,60 @@ def load_model(
             f"{path}: its weights do not fit a {config.model.arch} model for {codec.num_classes - 1} characters"
             f" (another alphabet or architecture?):\n{error}"
         ) from None
+    if calibrated and "temperature" in checkpoint:
+        fold_temperature(model, checkpoint["temperature"], codec.num_classes, preprocessing, path)
     return model.to(device).eval(), codec, config, preprocessing
+
+
+def read_calibration(path: str | Path) -> dict[str, Any] | None:
+    """A calibrated checkpoint's temperature and what it was fitted on, as one mapping; None if it has none."""
+    checkpoint = load_checkpoint(path)
+    if "temperature" not in checkpoint:
+        return None
+    return {**checkpoint.get("calibration", {}), "temperature": checkpoint["temperature"]}
+
+
+@torch.no_grad()
+def fold_temperature(
+    model: nn.Module, temperature: float, num_classes: int, preprocessing: Preprocessing, path: str | Path
+) -> None:
+    """Divide `model`'s logits by `temperature` by dividing its classifier: every architecture's output is
+    the sum of linear layers onto the classes (the CRNN's BiLSTM projection and its cnn_shortcut, DTRB's
+    prediction layer), and (W x + b) / T = (W / T) x + b / T. Checked on one input: a model whose output is
+    not such a sum (another layer after the classifier, or a hidden layer as wide as the classes) is refused
+    rather than miscalibrated."""
+    keys = classifier_keys(model.state_dict(), num_classes)
+    modules = sorted({key.rpartition(".")[0] for key in keys})
+    model.eval()
+    images = torch.rand(
+        1, preprocessing.channels, preprocessing.height, preprocessing.width, generator=torch.Generator().manual_seed(0)
+    )
+    expected = model(images) / temperature  # [1, T, C]
+    if keys and all(isinstance(model.get_submodule(name), nn.Linear) for name in modules):
+        for name in modules:
+            layer = model.get_submodule(name)
+            layer.weight.div_(temperature)
+            if layer.bias is not None:
+                layer.bias.div_(temperature)
+        if torch.allclose(model(images), expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max())):
+            return
+    raise CheckpointError(
+        f"{path}: a temperature cannot be applied to this model: its output is not the sum of linear layers onto "
+        f"the classes ({', '.join(modules) or 'none found'}); use its confidence uncalibrated (a calibrated file: "
+        f"remove its 'temperature')"
+    )
+
+
+def check_foldable(model: nn.Module, num_classes: int, preprocessing: Preprocessing, path: str | Path) -> None:
+    """fold_temperature's refusal, if it would refuse, before a temperature is fitted and written: a checkpoint
+    written with one would no longer load."""
+    fold_temperature(copy.deepcopy(model).cpu(), 2.0, num_classes, preprocessing, path)
+
+
+def with_calibration(checkpoint: dict[str, Any], temperature: float, record: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint` with a temperature and its record (fitted on what, ECE before and after); its weights stay
+    raw, so a refit starts from them and never stacks temperatures."""
+    return {**checkpoint, "temperature": float(temperature), "calibration": record}
 
 
 def check_alphabet_fits(

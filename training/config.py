@@ -192,6 +192,9 @@ class TrainConfig:
     # The sanity check of a recipe that does not learn: train on the first N batches, unaugmented, until the
     # model reads them all or max_steps, and exit 0 or 1 (training/overfit.py); 0: train as usual
     overfit_batches: int = 0
+    # At the end of the run, fit best.pt's confidence to data.val: a temperature stored in best.pt, which eval.sh,
+    # predict.py and the exports apply (training/calibration.py, docs/evaluation.md#calibrated-confidence)
+    calibrate: bool = resumable(True)
 
 
 # The `augment` section: a key per entry of data/augment.py's AUGMENTATIONS, a probability (0 to 1) that
