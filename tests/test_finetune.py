@@ -51,6 +51,7 @@ def finetune(tiny_run, synth, real_like, out_dir, *overrides: str) -> subprocess
         f"train.init_from={tiny_run / 'best.pt'}",
         f"data.train=[{real_like / 'train'},{synth / 'train'}]",
         f"data.val=[{real_like / 'val'}]",
+        f"data.retain=[{synth / 'val'}]",
         f"train.out_dir={out_dir}",
         *SMALL_RUN,
         "train.max_steps=4",

@@ -7,4 +7,6 @@ included, that saves and resumes in one call each (run.py), and train.max_minute
 (time_budget.py) and the one object the loop calls (time_limit.py); the moving average of the weights
 (weight_average.py) and precision auto's timing of fp32 against bf16 (precision_choice.py). The loop
 itself is train.py; the check train.overfit_batches runs instead of it is overfit.py; train.calibrate's fit of
-best.pt's temperature at the end is calibration.py."""
+best.pt's temperature at the end is calibration.py. A fine-tune's alphabet, new or union, is decided in
+alphabet_policy.py; what it keeps of its start (the frozen backbone, the start against best.pt) in
+forgetting.py."""

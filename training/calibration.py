@@ -37,7 +37,7 @@ def calibrate_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None
     best = load_checkpoint(path) if env.is_main else None
     model.load_state_dict(broadcast_object(best["model"] if best else None, env.cpu_group))
     collector = FrameCollector(setup.codec, METRIC_MODE)
-    for loader in val_loaders:
+    for loader in val_loaders[: len(setup.val_sets)]:  # data.val's, not data.retain's
         evaluate(model, loader, setup.codec, env, setup.precision, config.train.channels_last, on_batch=collector)
     shards = gather_objects(collector.samples, env.cpu_group)
     if not env.is_main:
