@@ -116,6 +116,7 @@ def test_tilde_is_the_home_folder_in_every_path_key(tmp_path, monkeypatch):
     assert set(path_keys()) == {
         "data.train",
         "data.val",
+        "data.retain",
         "data.index_cache",
         "train.out_dir",
         "train.resume",
@@ -126,12 +127,14 @@ def test_tilde_is_the_home_folder_in_every_path_key(tmp_path, monkeypatch):
         [
             "data.train=[~/a, b]",
             "data.val=~/v",
+            "data.retain=[~/r]",
             "data.index_cache=~/cache",
             "train.out_dir=~/runs/x",
             "train.init_from=~/w.pt",
         ],
     )
     assert config.data.train == [str(tmp_path / "a"), "b"] and config.data.val == [str(tmp_path / "v")]
+    assert config.data.retain == [str(tmp_path / "r")]
     assert config.data.index_cache == str(tmp_path / "cache") and config.train.out_dir == str(tmp_path / "runs/x")
     assert config.train.init_from == str(tmp_path / "w.pt")
     assert load_config("crnn.yaml", ["train.resume=~/c.pt"]).train.resume == str(tmp_path / "c.pt")
