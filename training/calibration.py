@@ -25,8 +25,10 @@ def calibrate_best(run: Run, val_loaders: list[DataLoader], log: RunLog) -> None
     every rank's readings and writes. The evaluated model is left holding best.pt's weights: the run is over."""
     config, env, setup = run.config, run.env, run.setup
     path = Path(config.train.out_dir) / "best.pt"
-    if run.state.best_accuracy < 0:  # the same on every rank: no validation has written best.pt
-        log.info("not calibrated: no best.pt yet (train.calibrate)")
+    # Rank 0's answer for all: no validation has written best.pt, or none in this folder (a run resumed from
+    # another folder's checkpoint keeps that run's best score, which the validations here did not beat)
+    if not broadcast_object(path.is_file() if env.is_main else None, env.cpu_group):
+        log.info(f"not calibrated: no {path} (train.calibrate)")
         return
     model = setup.evaluated_model
     try:
