@@ -173,7 +173,7 @@ def train_on(batch: Batch, run: Run, model: nn.Module, log: RunLog) -> None:
     """train_step with the run's optimizer, precision and transforms, and what each step counts: the
     schedule, the step, the next log line's numbers, the steps skipped in a row."""
     setup, state = run.setup, run.state
-    frozen = backbone_frozen(setup.model, state.step < run.config.train.freeze_backbone_steps)
+    frozen = backbone_frozen(setup.model, run.config.train.freeze_backbone_steps, state.step)
     loss, infinite, taken = train_step(
         model,
         batch,

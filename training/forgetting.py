@@ -10,11 +10,20 @@ from training.config import DataConfig
 from training.state import TrainState
 
 
-def backbone_frozen(model: nn.Module, frozen: bool) -> list[nn.Parameter]:
-    """The parameters a step must leave as they are: the backbone's while `frozen`, else none. Its BatchNorm
-    layers then normalise with the start's statistics and do not move them (eval mode), as kraken's
-    --freeze-backbone does; called every step, since validation puts the whole model back in training mode."""
-    backbone = model.backbone  # every registered architecture names its convolutional part so (models/)
+def backbone_frozen(model: nn.Module, freeze_steps: int, step: int) -> list[nn.Parameter]:
+    """The parameters the step after `step` must leave as they are: the backbone's for the first `freeze_steps`
+    (train.freeze_backbone_steps), else none. Its BatchNorm layers then normalise with the start's statistics
+    and do not move them (eval mode), as kraken's --freeze-backbone does; called every step, since validation
+    puts the whole model back in training mode."""
+    if not freeze_steps:
+        return []
+    backbone = getattr(model, "backbone", None)  # the registered architectures name their CNN so (models/)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(
+            f"train.freeze_backbone_steps={freeze_steps}: {type(model).__name__} has no `backbone` module to "
+            f"freeze; name its convolutional part self.backbone, or leave the key at 0"
+        )
+    frozen = step < freeze_steps
     backbone.train(not frozen and model.training)
     return list(backbone.parameters()) if frozen else []
 
