@@ -46,7 +46,8 @@ def recorded(tiny_run, tmp_path_factory) -> Path:
     checkpoint = load_checkpoint(tiny_run / "best.pt")
     checkpoint["preprocessing"] = RECORD
     # Uncalibrated: the temperature fitted on the 4-step model's readings (all wrong) would flatten them again.
-    checkpoint.pop("temperature", None), checkpoint.pop("calibration", None)
+    for key in ("temperature", "calibration"):
+        checkpoint.pop(key, None)
     for key in classifier_keys(checkpoint["model"], len(checkpoint["alphabet"]) + 1):
         checkpoint["model"][key] = checkpoint["model"][key] * 50
     path = tmp_path_factory.mktemp("recorded") / "best.pt"
